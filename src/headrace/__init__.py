@@ -1,0 +1,7 @@
+"""headrace: MillWheel-style fault-tolerant stream processing for Python, on Apache Spark."""
+
+from .model import Computation, Record, Timer, key_by
+from .topology import Topology
+
+__all__ = ["Computation", "Record", "Timer", "Topology", "key_by"]
+__version__ = "0.1.0"

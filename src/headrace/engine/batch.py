@@ -1,0 +1,94 @@
+"""The data that crosses the engine boundary: one shard's input for a batch, and its outcome."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["shard_of", "InputRecord", "Production", "DueTimer", "ShardBatch", "ShardSnapshot", "ShardCommit"]
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The key shard (MillWheel's key interval) a key belongs to; stable across processes."""
+    return zlib.crc32(key.encode()) % shards
+
+
+class InputRecord(NamedTuple):
+    """A record on its way into a computation; ``key`` is already the consumer's key."""
+
+    stream: str
+    key: str
+    value: Any
+    timestamp: int
+    id: str
+
+
+class Production(NamedTuple):
+    """A record a computation produced; ``key`` is the producer's hint (consumers choose their own)."""
+
+    stream: str
+    key: str | None
+    value: Any
+    timestamp: int
+    id: str
+
+
+class DueTimer(NamedTuple):
+    key: str
+    tag: str
+    domain: str
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class ShardBatch:
+    """What one shard processes in batch ``batch`` of computation ``computation``.
+
+    ``watermark_before`` is the input low watermark records are judged late against;
+    ``watermark_after`` is the input low watermark once this batch's records are in (timers due
+    at or below it fire after every record of the batch). ``dedup_streams`` names the input
+    streams whose record ids must be checked against ids already seen.
+    """
+
+    computation: str
+    shard: int
+    batch: int
+    records: list[InputRecord]
+    watermark_before: int
+    watermark_after: int
+    wall_clock: int
+    sequencer: int
+    dedup_streams: frozenset[str] = frozenset()
+
+
+@dataclass
+class ShardSnapshot:
+    """What the store holds for one shard at the start of a batch."""
+
+    version: int
+    states: dict[str, bytes]
+    due_timers: list[DueTimer]
+    output_watermark: int
+
+
+@dataclass
+class ShardCommit:
+    """One shard's whole outcome for one batch: written in one transaction, or not at all."""
+
+    computation: str
+    shard: int
+    batch: int
+    base_version: int
+    sequencer: int
+    state_writes: list[tuple[str, bytes | None]] = field(default_factory=list)
+    timer_sets: list[DueTimer] = field(default_factory=list)
+    timer_deletes: list[tuple[str, str]] = field(default_factory=list)
+    seen_ids: list[tuple[str, int]] = field(default_factory=list)
+    forget_ids_before: int | None = None
+    productions: list[Production] = field(default_factory=list)
+    input_watermark: int = 0
+    output_watermark: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    strong_productions: bool = True
+    exactly_once: bool = True

@@ -1,0 +1,247 @@
+"""Processing one key shard for one batch: the heart of the engine.
+
+For each key, in arrival order: its records (late ones judged against the watermark the batch
+started under), then every timer that is due, in increasing timestamp order, including timers
+set during this very batch. State is loaded once per key and written once if it changed. The
+whole outcome becomes one ``ShardCommit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import OptionError, UnknownStreamError, UserCodeError
+from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
+from .batch import DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
+from .watermark import output_low_watermark
+
+__all__ = ["KeyContext", "process_shard"]
+
+_UNSET: Any = object()
+
+
+class KeyContext:
+    """The ``ctx`` user code receives; rebound from key to key within one shard batch."""
+
+    __slots__ = (
+        "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
+        "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_timer_sets", "_timer_deletes",
+        "_late_before", "late_productions",
+    )
+
+    def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
+                 id_prefix: str, late_before: int):
+        self._owner = owner
+        self._codec = options.codec
+        self._outputs = outputs
+        self._id_prefix = id_prefix
+        self._seq = 0
+        self._productions: list[Production] = []
+        self._timer_sets: dict[tuple[str, str], DueTimer] = {}
+        self._timer_deletes: set[tuple[str, str]] = set()
+        self._late_before = late_before
+        self.late_productions = 0
+        self.key = ""
+        self.low_watermark = 0
+
+    # -- binding ----------------------------------------------------------------------------------
+
+    def bind(self, key: str, raw: bytes | None, timers: dict[str, DueTimer]) -> None:
+        self.key = key
+        self._raw = raw
+        self._value = _UNSET
+        self._touched = False
+        self._timers = timers
+
+    def state_write(self) -> tuple[str, bytes | None] | None:
+        """The key's state write, if its state changed (assigned, or mutated in place)."""
+        if not self._touched:
+            return None
+        value = self._value
+        if value is None:
+            return (self.key, None) if self._raw is not None else None
+        encoded = self._codec.encode(value)
+        return None if encoded == self._raw else (self.key, encoded)
+
+    # -- the public context -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> Any:
+        if self._value is _UNSET:
+            self._value = None if self._raw is None else self._codec.decode(self._raw)
+        self._touched = True
+        return self._value
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._value = value
+        self._touched = True
+
+    def set_timer(self, tag: str, timestamp: Any, domain: str = "watermark") -> None:
+        if type(timestamp) is not int:
+            timestamp = to_millis(timestamp, "timer timestamp")
+        if domain != "watermark":
+            check_domain(domain)
+        timer = DueTimer(self.key, str(tag), domain, timestamp)
+        self._timers[timer.tag] = timer
+        self._timer_sets[(self.key, timer.tag)] = timer
+        self._timer_deletes.discard((self.key, timer.tag))
+
+    def delete_timer(self, tag: str) -> None:
+        tag = str(tag)
+        self._timers.pop(tag, None)
+        self._timer_sets.pop((self.key, tag), None)
+        self._timer_deletes.add((self.key, tag))
+
+    def produce(self, stream: str, value: Any, timestamp: Any = None, key: str | None = None) -> None:
+        if self._outputs is not None and stream not in self._outputs:
+            raise UnknownStreamError(
+                f"Computation {self._owner!r} produced to undeclared stream {stream!r}",
+                got=stream,
+                hint=f"declare it: topology.add(..., outputs={sorted(self._outputs | {stream})})",
+            )
+        if timestamp is None:
+            timestamp = self._timestamp
+        elif type(timestamp) is not int:
+            timestamp = to_millis(timestamp, "production timestamp")
+        if timestamp < self._late_before:
+            self.late_productions += 1
+        self._seq += 1
+        self._productions.append(Production(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}"))
+
+
+def _group_by_key(records: list[InputRecord]) -> dict[str, list[InputRecord]]:
+    groups: dict[str, list[InputRecord]] = {}
+    for r in records:
+        group = groups.get(r.key)
+        if group is None:
+            groups[r.key] = [r]
+        else:
+            group.append(r)
+    return groups
+
+
+def _next_due(timers: dict[str, DueTimer], watermark: int, wall_clock: int) -> DueTimer | None:
+    best: DueTimer | None = None
+    for t in timers.values():
+        due = t.timestamp <= (watermark if t.domain == "watermark" else wall_clock)
+        if due and (best is None or (t.timestamp, t.domain) < (best.timestamp, best.domain)):
+            best = t
+    return best
+
+
+def process_shard(
+    computation: Computation,
+    name: str,
+    options: ComputationOptions,
+    outputs: frozenset[str] | None,
+    batch: ShardBatch,
+    snapshot: ShardSnapshot,
+    is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
+) -> ShardCommit:
+    """Run user code for one shard batch and return everything it changed, uncommitted."""
+    counters = {"records": 0, "late_dropped": 0, "late_delivered": 0, "duplicates": 0, "timers_fired": 0}
+    records = batch.records
+    seen_ids: list[tuple[str, int]] = []
+    if options.dedup and batch.dedup_streams:
+        checked = [r for r in records if r.stream in batch.dedup_streams]
+        already = is_duplicate([r.id for r in checked])
+        fresh: list[InputRecord] = []
+        in_batch: set[str] = set()
+        for r in records:
+            if r.stream in batch.dedup_streams:
+                if r.id in already or r.id in in_batch:
+                    counters["duplicates"] += 1
+                    continue
+                in_batch.add(r.id)
+                seen_ids.append((r.id, r.timestamp))
+            fresh.append(r)
+        records = fresh
+
+    by_key = _group_by_key(records)
+    timers_by_key: dict[str, dict[str, DueTimer]] = {}
+    for t in snapshot.due_timers:
+        timers_by_key.setdefault(t.key, {})[t.tag] = t
+    for key in timers_by_key:
+        by_key.setdefault(key, [])
+
+    ctx = KeyContext(name, options, outputs, f"{name}:{batch.shard}:{batch.batch}:", snapshot.output_watermark)
+    process_record = computation.process_record
+    process_timer = computation.process_timer
+    w_before, w_after, wall = batch.watermark_before, batch.watermark_after, batch.wall_clock
+    deliver_late = options.late == "deliver"
+    state_writes: list[tuple[str, bytes | None]] = []
+    for key, group in by_key.items():
+        timers = timers_by_key.get(key, {})
+        ctx.bind(key, snapshot.states.get(key), timers)
+        ctx.low_watermark = w_before
+        for r in group:
+            if r.timestamp < w_before:
+                if not deliver_late:
+                    counters["late_dropped"] += 1
+                    continue
+                counters["late_delivered"] += 1
+            counters["records"] += 1
+            ctx._timestamp = r.timestamp
+            try:
+                process_record(ctx, Record(key, r.value, r.timestamp, r.id))
+            except Exception as exc:
+                raise _user_error(name, key, f"record {r.id!r} (timestamp {r.timestamp})", exc) from exc
+        ctx.low_watermark = w_after
+        while timers:
+            timer = _next_due(timers, w_after, wall)
+            if timer is None:
+                break
+            del timers[timer.tag]
+            ctx._timer_deletes.add((key, timer.tag))
+            ctx._timer_sets.pop((key, timer.tag), None)
+            counters["timers_fired"] += 1
+            ctx._timestamp = timer.timestamp
+            try:
+                process_timer(ctx, Timer(timer.tag, timer.timestamp, timer.domain))
+            except Exception as exc:
+                raise _user_error(name, key, f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}", exc) from exc
+        write = ctx.state_write()
+        if write is not None:
+            state_writes.append(write)
+
+    counters["late_productions"] = ctx.late_productions
+    pending_sets = list(ctx._timer_sets.values())
+    holds = [t.timestamp for t in pending_sets if t.domain == "watermark"]
+    return ShardCommit(
+        computation=batch.computation,
+        shard=batch.shard,
+        batch=batch.batch,
+        base_version=snapshot.version,
+        sequencer=batch.sequencer,
+        state_writes=state_writes,
+        timer_sets=pending_sets,
+        timer_deletes=sorted(ctx._timer_deletes - set(ctx._timer_sets)),
+        seen_ids=seen_ids,
+        forget_ids_before=_forget_before(w_after, options),
+        productions=ctx._productions,
+        input_watermark=w_after,
+        output_watermark=output_low_watermark(snapshot.output_watermark, w_after, holds),
+        counters={k: v for k, v in counters.items() if v},
+        strong_productions=options.productions == "strong",
+        exactly_once=options.exactly_once,
+    )
+
+
+def _forget_before(watermark: int, options: ComputationOptions) -> int | None:
+    """Seen ids older than the low watermark minus the slack are garbage: such records are late anyway."""
+    if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
+        return None
+    return watermark - options.dedup_slack_ms
+
+
+def _user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:
+    if isinstance(exc, (UnknownStreamError, OptionError)):
+        detail = str(exc)
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    return UserCodeError(
+        f"Computation {name!r} failed on key {key!r} at {what}",
+        got_text=detail,
+        hint="fix the computation and run again; the batch was not committed and will be retried from its committed point",
+    )

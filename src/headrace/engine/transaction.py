@@ -1,0 +1,90 @@
+"""Exactly-once as an explicit state machine: one shard, one batch, one transaction.
+
+    OPEN ──prepare──► PREPARED ──commit──► COMMITTED
+      │                  │
+      └──────abort───────┴──► ABORTED
+    OPEN ──already committed by an earlier attempt──► REDELIVERED
+
+A shard's version is the last batch it committed; versions only move forward.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from ..errors import StaleBatchError
+from .batch import Production, ShardCommit
+
+if TYPE_CHECKING:
+    from ..store.base import Store
+
+__all__ = ["TxState", "ShardTransaction"]
+
+
+class TxState(enum.Enum):
+    OPEN = "open"
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    REDELIVERED = "redelivered"
+    ABORTED = "aborted"
+
+
+_ALLOWED = {
+    TxState.OPEN: {TxState.PREPARED, TxState.REDELIVERED, TxState.ABORTED},
+    TxState.PREPARED: {TxState.COMMITTED, TxState.ABORTED},
+}
+
+
+class ShardTransaction:
+    def __init__(self, computation: str, shard: int, batch: int, base_version: int, exactly_once: bool = True):
+        if exactly_once and base_version > batch:
+            raise StaleBatchError(
+                f"Shard {shard} of {computation!r} is at batch {base_version}, past batch {batch}",
+                got=batch,
+                hint="a newer attempt already committed; this attempt is stale and must stop",
+            )
+        self.computation = computation
+        self.shard = shard
+        self.batch = batch
+        self.base_version = base_version
+        self.exactly_once = exactly_once
+        self.state = TxState.OPEN
+        self.commit_record: ShardCommit | None = None
+        self.productions: list[Production] = []
+
+    @property
+    def already_committed(self) -> bool:
+        """An earlier attempt of this very batch committed: re-deliver, do not re-run user code."""
+        return self.exactly_once and self.base_version == self.batch
+
+    def _move(self, to: TxState) -> None:
+        if to not in _ALLOWED.get(self.state, set()):
+            raise RuntimeError(f"shard transaction cannot go from {self.state.value} to {to.value}")
+        self.state = to
+
+    def redeliver(self, productions: list[Production]) -> list[Production]:
+        self._move(TxState.REDELIVERED)
+        self.productions = productions
+        return productions
+
+    def prepare(self, commit: ShardCommit) -> ShardCommit:
+        if commit.batch != self.batch or commit.base_version != self.base_version:
+            raise RuntimeError("commit does not belong to this transaction")
+        self._move(TxState.PREPARED)
+        self.commit_record = commit
+        return commit
+
+    def commit(self, store: "Store") -> list[Production]:
+        assert self.commit_record is not None
+        try:
+            store.commit_shard(self.commit_record)
+        except BaseException:
+            self._move(TxState.ABORTED)
+            raise
+        self._move(TxState.COMMITTED)
+        self.productions = self.commit_record.productions
+        return self.productions
+
+    def abort(self) -> None:
+        self._move(TxState.ABORTED)

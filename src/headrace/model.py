@@ -1,0 +1,237 @@
+"""The user model: what a computation receives, what it writes, and how it is configured.
+
+Nothing here knows about Spark or the store; the engine injects a context per key.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal, NamedTuple, Protocol, Union
+
+from .codecs import Codec, codec_named
+from .errors import InvalidKeyError, OptionError
+
+__all__ = [
+    "Computation",
+    "Context",
+    "Record",
+    "Timer",
+    "KeyExtractor",
+    "key_by",
+    "ComputationOptions",
+    "to_millis",
+    "BEGINNING_OF_TIME",
+    "END_OF_TIME",
+]
+
+BEGINNING_OF_TIME = -(2**63)
+END_OF_TIME = 2**63 - 1
+
+Domain = Literal["watermark", "wall"]
+DOMAINS: tuple[str, ...] = ("watermark", "wall")
+Timestamp = Union[int, _dt.datetime]
+
+
+class Record(NamedTuple):
+    """One record as a computation receives it; ``id`` is unique, assigned at production."""
+
+    key: str
+    value: Any
+    timestamp: int
+    id: str
+
+
+class Timer(NamedTuple):
+    """A timer as ``process_timer`` receives it."""
+
+    tag: str
+    timestamp: int
+    domain: str = "watermark"
+
+
+def to_millis(value: Timestamp, what: str = "timestamp") -> int:
+    """Integer milliseconds since the epoch; accepts ``int`` or an aware/naive-UTC ``datetime``."""
+    if isinstance(value, bool) or not isinstance(value, (int, _dt.datetime)):
+        raise OptionError(
+            f"A {what} must be integer milliseconds since the Unix epoch or a datetime",
+            got_text=f"{value!r} of type {type(value).__name__}",
+            hint="pass e.g. 1700000000000, or datetime(2023, 11, 14, tzinfo=timezone.utc)",
+        )
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return int(value.timestamp() * 1000)
+    return value
+
+
+class Context(Protocol):
+    """What user code sees during one invocation; the engine passes it explicitly as ``ctx``."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def low_watermark(self) -> int: ...
+
+    state: Any
+
+    def set_timer(self, tag: str, timestamp: Timestamp, domain: str = "watermark") -> None: ...
+
+    def delete_timer(self, tag: str) -> None: ...
+
+    def produce(self, stream: str, value: Any, timestamp: Timestamp | None = None, key: str | None = None) -> None: ...
+
+
+class Computation:
+    """Subclass and override ``process_record`` and/or ``process_timer``.
+
+    One instance serves many keys: keep per-key data in ``ctx.state``, never on ``self``.
+    """
+
+    def process_record(self, ctx: Context, record: Record) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def process_timer(self, ctx: Context, timer: Timer) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @classmethod
+    def overrides(cls, hook: str) -> bool:
+        return getattr(cls, hook) is not getattr(Computation, hook)
+
+
+class KeyExtractor:
+    """Turns a record's value into the consumer's key (always a ``str``)."""
+
+    __slots__ = ("description", "_fn")
+
+    def __init__(self, fn: Callable[[Any], Any], description: str):
+        self._fn = fn
+        self.description = description
+
+    def __call__(self, value: Any) -> str:
+        key = self._fn(value)
+        if type(key) is not str:
+            raise InvalidKeyError(
+                f"Key extractor {self.description} must return a str",
+                got_text=f"{key!r} of type {type(key).__name__}",
+                hint="convert it in the extractor, e.g. key_by(lambda v: str(v['user_id']))",
+            )
+        return key
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+def key_by(field_or_callable: str | Callable[[Any], Any]) -> KeyExtractor:
+    """``key_by("query")`` keys by ``value["query"]``; ``key_by(fn)`` keys by ``fn(value)``."""
+    if isinstance(field_or_callable, str):
+        field = field_or_callable
+
+        def by_field(value: Any) -> Any:
+            try:
+                return value[field]
+            except (KeyError, TypeError, IndexError):
+                raise InvalidKeyError(
+                    f"key_by({field!r}) found no field {field!r} in the record",
+                    got=value,
+                    hint="check the field name, or pass a function: key_by(lambda v: ...)",
+                ) from None
+
+        return KeyExtractor(by_field, f"key_by({field!r})")
+    if callable(field_or_callable):
+        name = getattr(field_or_callable, "__qualname__", repr(field_or_callable))
+        return KeyExtractor(field_or_callable, f"key_by({name})")
+    from .errors import TopologyError
+
+    raise TopologyError(
+        "key_by takes a field name or a callable",
+        got_text=f"{field_or_callable!r} of type {type(field_or_callable).__name__}",
+        hint="write key_by('field') or key_by(lambda value: value['field'])",
+    )
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "late": ("drop", "deliver"),
+    "productions": ("strong", "weak"),
+    "semantics": ("exactly_once", "at_least_once"),
+    "on_error": ("fail", "dead_letter"),
+}
+
+
+@dataclass(frozen=True)
+class ComputationOptions:
+    """Per-computation options, given as keyword arguments to ``Topology.add`` or ``Harness``.
+
+    - ``codec``: state codec, ``"pickle"`` (default), ``"json"``, ``"msgpack"``, ``"bytes"``.
+    - ``late``: records behind the low watermark are ``"drop"``-ped (counted) or ``"deliver"``-ed (counted).
+    - ``productions``: ``"strong"`` (checkpointed with the state) or ``"weak"`` (written first, faster, may repeat).
+    - ``semantics``: ``"exactly_once"`` or ``"at_least_once"`` (no dedup ids, a retry re-runs user code).
+    - ``dedup``: discard records whose id was already seen (default on with exactly-once).
+    - ``dedup_slack_ms``: how far behind the low watermark seen ids are kept before garbage collection.
+    - ``shards``: number of key shards (MillWheel's key intervals).
+    - ``on_error``: user code that raises fails the batch (``"fail"``) or goes to a dead-letter stream.
+    """
+
+    codec: Codec = codec_named("pickle")
+    late: str = "drop"
+    productions: str = "strong"
+    semantics: str = "exactly_once"
+    dedup: bool = True
+    dedup_slack_ms: int = 3_600_000
+    shards: int = 4
+    on_error: str = "fail"
+
+    @classmethod
+    def from_kwargs(cls, owner: str, options: dict[str, Any]) -> "ComputationOptions":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise OptionError(
+                f"Computation {owner!r} got unknown option {unknown[0]!r}",
+                got=options[unknown[0]],
+                hint=f"valid options are {sorted(known)}",
+            )
+        values = dict(options)
+        if "codec" in values:
+            values["codec"] = codec_named(values["codec"])
+        for name, allowed in _CHOICES.items():
+            if name in values and values[name] not in allowed:
+                raise OptionError(
+                    f"Computation {owner!r} option {name!r} must be one of {list(allowed)}",
+                    got=values[name],
+                    hint=f"write {name}={allowed[0]!r}",
+                )
+        for name in ("shards", "dedup_slack_ms"):
+            if name in values:
+                v = values[name]
+                lowest = 1 if name == "shards" else 0
+                if isinstance(v, bool) or not isinstance(v, int) or v < lowest:
+                    raise OptionError(
+                        f"Computation {owner!r} option {name!r} must be an integer >= {lowest}",
+                        got=v,
+                        hint=f"e.g. {name}={cls.__dataclass_fields__[name].default}",
+                    )
+        if "dedup" in values and not isinstance(values["dedup"], bool):
+            raise OptionError(f"Computation {owner!r} option 'dedup' must be True or False", got=values["dedup"])
+        if values.get("semantics") == "at_least_once" and "dedup" not in values:
+            values["dedup"] = False
+        return cls(**values)
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.semantics == "exactly_once"
+
+
+def check_domain(domain: str) -> str:
+    if domain not in DOMAINS:
+        raise OptionError(
+            "A timer domain must be 'watermark' or 'wall'",
+            got=domain,
+            hint="use domain='watermark' (event time, fires on the low watermark) or domain='wall'",
+        )
+    return domain
+
+
+def unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))

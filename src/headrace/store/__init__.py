@@ -1,0 +1,35 @@
+"""Backing stores, opened by URL: ``sqlite:///path/file.db`` (embedded default)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlparse
+
+from ..errors import OptionError
+from .base import COMMIT_STEPS, BatchInfo, Store, StoredRecord
+from .sqlite import SQLiteStore
+
+__all__ = ["open_store", "Store", "SQLiteStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
+
+
+def open_store(url: str) -> Store:
+    """Open the store a URL names: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``."""
+    if not isinstance(url, str):
+        raise OptionError("A store is named by a URL string", got=url,
+                          hint="pass store='sqlite:///headrace.db'")
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        path = url[len("sqlite:///"):].split("?", 1)[0] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise OptionError("A SQLite store URL needs a file path", got=url,
+                              hint="write sqlite:///relative/file.db or sqlite:////absolute/file.db")
+        options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        sync = options.pop("synchronous", "NORMAL").upper()
+        if sync not in ("OFF", "NORMAL", "FULL", "EXTRA") or options:
+            raise OptionError("Unknown SQLite store option", got=parsed.query,
+                              hint="the one option is synchronous=OFF|NORMAL|FULL|EXTRA")
+        return SQLiteStore(path, synchronous=sync)
+    if parsed.scheme in ("postgresql", "postgres"):
+        raise OptionError("The PostgreSQL store is not available in this version", got=url,
+                          hint="use the embedded default, store='sqlite:///headrace.db'")
+    raise OptionError("Unknown store URL scheme", got=url,
+                      hint="use sqlite:///path/file.db")

@@ -1,0 +1,147 @@
+"""``Harness``: one computation on the real engine and the SQLite store, driven by hand, no Spark.
+
+>>> from headrace import Computation
+>>> from headrace.testing import Harness
+>>> class Count(Computation):
+...     def process_record(self, ctx, record):
+...         ctx.state = (ctx.state or 0) + 1
+...         ctx.set_timer("flush", 1000)
+...     def process_timer(self, ctx, timer):
+...         ctx.produce("counts", {"key": ctx.key, "n": ctx.state})
+>>> h = Harness(Count)
+>>> _ = h.process("a", "x", 10); _ = h.process("a", "y", 20)
+>>> h.state("a"), h.timers("a")
+(2, [Timer(tag='flush', timestamp=1000, domain='watermark')])
+>>> _ = h.advance_watermark(1000)
+>>> [r.value for r in h.productions("counts")]
+[{'key': 'a', 'n': 2}]
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import shutil
+import tempfile
+from typing import Any
+
+from .engine.batch import InputRecord, ShardBatch, shard_of
+from .engine.runner import DedupCache, run_shard_batch
+from .engine.watermark import output_low_watermark
+from .errors import InvalidKeyError, OptionError
+from .model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, Timestamp, to_millis
+from .store import Store, open_store
+from .topology import check_computation_class, check_name
+
+__all__ = ["Harness"]
+
+HARNESS_STREAM = "input"
+
+
+class Harness:
+    """Run one computation deterministically: ``process``, ``advance_watermark``, ``advance_wall_clock``.
+
+    Each call is one committed batch. ``store`` defaults to a fresh SQLite file in a temporary
+    folder; pass a URL to keep it (a second Harness on the same URL resumes where it stopped).
+    ``outputs`` restricts the streams the computation may produce to (any, by default).
+    """
+
+    def __init__(self, cls: type[Computation], *, name: str | None = None, outputs: list[str] | None = None,
+                 store: str | None = None, **options: Any):
+        label = check_name("computation", name or getattr(cls, "__name__", "computation"))
+        self.cls = check_computation_class(label, cls)
+        self.name = label
+        self.options = ComputationOptions.from_kwargs(label, options)
+        self.outputs = frozenset(outputs) if outputs is not None else None
+        if store is None:
+            folder = tempfile.mkdtemp(prefix="headrace-harness-")
+            atexit.register(shutil.rmtree, folder, True)
+            store = f"sqlite:///{folder}/harness.db"
+        self.store: Store = open_store(store)
+        self.store.register(label, self.options.shards)
+        self.sequencer = self.store.acquire_writer(label)
+        journal = self.store.batches(label)
+        last = journal[-1] if journal else None
+        self._batch = max([last.batch if last else 0, *self.store.shard_versions(label).values()])
+        self._watermark = last.input_watermark if last else BEGINNING_OF_TIME
+        self._output_watermark = last.output_watermark if last else BEGINNING_OF_TIME
+        self._wall_clock = 0
+        self._ids = itertools.count(1)
+        self._computation = cls()
+        self._dedup = DedupCache()
+
+    # -- driving --------------------------------------------------------------------------------
+
+    def process(self, key: str, value: Any, timestamp: Timestamp, id: str | None = None) -> list[Record]:
+        """Deliver one record to the computation under ``key``; returns what this step produced."""
+        if type(key) is not str:
+            raise InvalidKeyError("Harness.process needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
+                                  hint="pass the key as a string, e.g. str(user_id)")
+        ts = to_millis(timestamp)
+        rid = id if id is not None else f"harness-{self.name}-{next(self._ids)}"
+        record = InputRecord(HARNESS_STREAM, key, value, ts, rid)
+        return self._run({shard_of(key, self.options.shards): [record]}, self._watermark)
+
+    def advance_watermark(self, timestamp: Timestamp) -> list[Record]:
+        """Move the input low watermark to ``timestamp``; fires every watermark timer now due."""
+        target = to_millis(timestamp, "watermark")
+        if target < self._watermark:
+            raise OptionError("A low watermark never moves back", got=target,
+                              hint=f"advance to {self._watermark} or later")
+        return self._run({}, target)
+
+    def advance_wall_clock(self, timestamp: Timestamp) -> list[Record]:
+        """Move the wall clock to ``timestamp``; fires every wall timer now due."""
+        target = to_millis(timestamp, "wall clock")
+        if target < self._wall_clock:
+            raise OptionError("The harness wall clock never moves back", got=target,
+                              hint=f"advance to {self._wall_clock} or later")
+        self._wall_clock = target
+        return self._run({}, self._watermark)
+
+    def _run(self, records_by_shard: dict[int, list[InputRecord]], watermark_after: int) -> list[Record]:
+        self._batch += 1
+        shards = set(records_by_shard) | set(
+            self.store.shards_with_due_timers(self.name, watermark_after, self._wall_clock))
+        produced: list[Record] = []
+        for shard in sorted(shards):
+            batch = ShardBatch(self.name, shard, self._batch, records_by_shard.get(shard, []),
+                               self._watermark, watermark_after, self._wall_clock, self.sequencer,
+                               frozenset({HARNESS_STREAM}))
+            result = run_shard_batch(self._computation, self.name, self.options, self.outputs,
+                                     self.store, batch, self._dedup)
+            produced.extend(Record(p.key, p.value, p.timestamp, p.id) for p in result.productions)
+        holds = self.store.watermark_holds(self.name)
+        self._output_watermark = self.store.complete_batch(
+            self.name, self._batch, watermark_after,
+            output_low_watermark(self._output_watermark, watermark_after, holds), self.sequencer)
+        self._watermark = watermark_after
+        return produced
+
+    # -- reading back -------------------------------------------------------------------------------
+
+    def productions(self, stream: str) -> list[Record]:
+        """Everything produced to ``stream`` so far, in production order."""
+        return [Record(r.key, r.value, r.timestamp, r.id)
+                for _, r in self.store.read_segments(stream, self.name, 0, self._batch)]
+
+    def state(self, key: str) -> Any:
+        raw = self.store.state(self.name, key)
+        return None if raw is None else self.options.codec.decode(raw)
+
+    def timers(self, key: str) -> list[Timer]:
+        return [Timer(t.tag, t.timestamp, t.domain) for t in self.store.timers(self.name, key)]
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Exact cumulative counters: records, late_dropped, late_delivered, duplicates, timers_fired, ..."""
+        return self.store.counters(self.name)
+
+    @property
+    def low_watermark(self) -> int:
+        """The computation's input low watermark."""
+        return self._watermark
+
+    @property
+    def output_watermark(self) -> int:
+        return self._output_watermark

@@ -1,0 +1,236 @@
+"""The graph: injected streams, computations, and who subscribes to what.
+
+Everything is checked as it is added, so a wrong topology fails where it is written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from .errors import TopologyError
+from .model import Computation, ComputationOptions, KeyExtractor
+
+__all__ = ["Topology", "ComputationSpec", "Injection"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise TopologyError(
+            f"A {kind} name must be a short identifier (letters, digits, '_', '.', '-'; starting with a letter or '_')",
+            got=name,
+            hint=f"rename it, e.g. {'window_counts' if kind == 'stream' else 'WindowCounter'!r}",
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Injection:
+    stream: str
+    source: Any
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ComputationSpec:
+    """One computation node: its class, subscriptions (stream -> key extractor), outputs and options."""
+
+    name: str
+    cls: type[Computation]
+    inputs: Mapping[str, KeyExtractor]
+    outputs: tuple[str, ...]
+    options: ComputationOptions
+
+    def instantiate(self) -> Computation:
+        return self.cls()
+
+
+def as_extractor(owner: str, stream: str, extractor: object) -> KeyExtractor:
+    if isinstance(extractor, KeyExtractor):
+        return extractor
+    if isinstance(extractor, str):
+        raise TopologyError(
+            f"Computation {owner!r} subscribes to {stream!r} with a plain string as key extractor",
+            got=extractor,
+            hint=f"wrap it: inputs={{{stream!r}: key_by({extractor!r})}}",
+        )
+    if not callable(extractor):
+        raise TopologyError(
+            f"Computation {owner!r} subscribes to {stream!r} with a key extractor that is not callable",
+            got_text=f"{extractor!r} of type {type(extractor).__name__}",
+            hint="use key_by('field') or key_by(lambda value: ...)",
+        )
+    name = getattr(extractor, "__qualname__", repr(extractor))
+    return KeyExtractor(extractor, f"key_by({name})")  # type: ignore[arg-type]
+
+
+def check_computation_class(owner: str, cls: object) -> type[Computation]:
+    if not (isinstance(cls, type) and issubclass(cls, Computation)):
+        raise TopologyError(
+            f"Computation {owner!r} must be a subclass of headrace.Computation",
+            got=cls,
+            hint="write `class MyComputation(Computation): def process_record(self, ctx, record): ...`",
+        )
+    if not (cls.overrides("process_record") or cls.overrides("process_timer")):
+        raise TopologyError(
+            f"Computation {owner!r} defines neither process_record nor process_timer",
+            got=cls,
+            hint="override process_record(self, ctx, record) and/or process_timer(self, ctx, timer)",
+        )
+    return cls
+
+
+class Topology:
+    """A named graph of injected streams and computations.
+
+    >>> from headrace import Computation, Topology, key_by
+    >>> class Echo(Computation):
+    ...     def process_record(self, ctx, record):
+    ...         ctx.produce("out", record.value)
+    >>> t = Topology("demo")
+    >>> t.inject("words", [{"w": "a"}])
+    >>> t.add(Echo, inputs={"words": key_by("w")}, outputs=["out"]).name
+    'Echo'
+    """
+
+    def __init__(self, name: str):
+        self.name = check_name("topology", name)
+        self.injections: dict[str, Injection] = {}
+        self.computations: dict[str, ComputationSpec] = {}
+
+    # -- building -------------------------------------------------------------------------------
+
+    def inject(self, stream: str, source: Any, **options: Any) -> None:
+        """Declare ``stream`` as fed by an injector ``source`` (see ``headrace.injectors``)."""
+        check_name("stream", stream)
+        if stream in self.injections:
+            raise TopologyError(
+                f"Stream {stream!r} is already injected in topology {self.name!r}",
+                got=source,
+                hint="give the second injector its own stream name, or merge the sources into one",
+            )
+        if source is None:
+            raise TopologyError(
+                f"Stream {stream!r} needs an injector source",
+                got=None,
+                hint="pass an iterable of records, headrace.injectors.files(...), .generator(...) or a streaming DataFrame",
+            )
+        self.injections[stream] = Injection(stream, source, dict(options))
+
+    def add(
+        self,
+        cls: type[Computation],
+        name: str | None = None,
+        inputs: Mapping[str, KeyExtractor | Callable[[Any], Any]] | None = None,
+        outputs: Iterable[str] = (),
+        **options: Any,
+    ) -> ComputationSpec:
+        """Add a computation subscribing to ``inputs`` (stream -> key extractor), producing to ``outputs``."""
+        label = name if name is not None else getattr(cls, "__name__", repr(cls))
+        check_computation_class(label, cls)
+        label = check_name("computation", label)
+        if label in self.computations:
+            raise TopologyError(
+                f"Topology {self.name!r} already has a computation named {label!r}",
+                got=cls,
+                hint="pass a distinct name: topology.add(cls, name='...')",
+            )
+        if not inputs:
+            raise TopologyError(
+                f"Computation {label!r} subscribes to no stream",
+                got=inputs,
+                hint="pass inputs={'stream': key_by('field')}",
+            )
+        known = self.streams()
+        subscriptions: dict[str, KeyExtractor] = {}
+        for stream, extractor in dict(inputs).items():
+            check_name("stream", stream)
+            if stream not in known:
+                raise TopologyError(
+                    f"Computation {label!r} subscribes to unknown stream {stream!r}",
+                    got=stream,
+                    hint=f"known streams are {sorted(known)}; inject it, or add its producer first",
+                )
+            subscriptions[stream] = as_extractor(label, stream, extractor)
+        if isinstance(outputs, str):
+            raise TopologyError(
+                f"Computation {label!r} outputs must be a list of stream names",
+                got=outputs,
+                hint=f"write outputs=[{outputs!r}]",
+            )
+        outs = tuple(dict.fromkeys(check_name("stream", s) for s in outputs))
+        spec = ComputationSpec(label, cls, subscriptions, outs, ComputationOptions.from_kwargs(label, options))
+        self._refuse_cycle(spec)
+        self.computations[label] = spec
+        return spec
+
+    def remove(self, name: str) -> ComputationSpec:
+        """Remove a computation; refused while another computation consumes a stream only it produces."""
+        spec = self.computation(name)
+        remaining = {n: s for n, s in self.computations.items() if n != name}
+        still = set(self.injections) | {o for s in remaining.values() for o in s.outputs}
+        for other in remaining.values():
+            orphaned = [s for s in other.inputs if s not in still]
+            if orphaned:
+                raise TopologyError(
+                    f"Cannot remove {name!r}: computation {other.name!r} consumes {orphaned[0]!r}, which only it produces",
+                    got=name,
+                    hint=f"remove {other.name!r} first",
+                )
+        del self.computations[name]
+        return spec
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def streams(self) -> set[str]:
+        return set(self.injections) | {o for spec in self.computations.values() for o in spec.outputs}
+
+    def computation(self, name: str) -> ComputationSpec:
+        try:
+            return self.computations[name]
+        except KeyError:
+            raise TopologyError(
+                f"Topology {self.name!r} has no computation {name!r}",
+                got=name,
+                hint=f"known computations are {sorted(self.computations)}",
+            ) from None
+
+    def producers(self, stream: str) -> list[str]:
+        """Names of what writes ``stream``: computations, and ``inject:<stream>`` for an injector."""
+        names = [spec.name for spec in self.computations.values() if stream in spec.outputs]
+        if stream in self.injections:
+            names.insert(0, f"inject:{stream}")
+        return names
+
+    def consumers(self, stream: str) -> list[ComputationSpec]:
+        return [spec for spec in self.computations.values() if stream in spec.inputs]
+
+    def upstream(self, name: str) -> list[str]:
+        """Every producer of every input stream of computation ``name``."""
+        spec = self.computation(name)
+        return list(dict.fromkeys(p for s in spec.inputs for p in self.producers(s)))
+
+    def order(self) -> list[ComputationSpec]:
+        """Computations in an order where every producer comes before its consumers."""
+        return list(self.computations.values())
+
+    def _refuse_cycle(self, new: ComputationSpec) -> None:
+        nodes = {**self.computations, new.name: new}
+        stack, seen = [new.name], set()
+        while stack:
+            current = stack.pop()
+            for out in nodes[current].outputs:
+                for spec in nodes.values():
+                    if out in spec.inputs:
+                        if spec.name == new.name:
+                            raise TopologyError(
+                                f"Adding {new.name!r} would make a cycle through stream {out!r}",
+                                got=list(new.outputs),
+                                hint="low watermarks cannot advance around a cycle; send feedback through a new injected stream",
+                            )
+                        if spec.name not in seen:
+                            seen.add(spec.name)
+                            stack.append(spec.name)
