@@ -1,7 +1,9 @@
 """headrace: MillWheel-style fault-tolerant stream processing for Python, on Apache Spark."""
 
+from . import injectors
+from .api import read, run
 from .model import Computation, Record, Timer, key_by
 from .topology import Topology
 
-__all__ = ["Computation", "Record", "Timer", "Topology", "key_by"]
+__all__ = ["Computation", "Record", "Timer", "Topology", "key_by", "run", "read", "injectors"]
 __version__ = "0.1.0"

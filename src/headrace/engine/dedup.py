@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
 
 __all__ = ["BloomFilter", "DedupIndex"]
 
 
 class BloomFilter:
-    """A fixed-size Bloom filter over strings; deterministic across processes (no ``hash()``)."""
+    """A Bloom filter over strings, checked and filled a batch at a time with numpy.
+
+    Positions come from Python's ``hash``, which is salted per process: a filter lives only in
+    the process that built it (it is rebuilt from the store's exact ids in a new process).
+    """
 
     __slots__ = ("bits", "size", "hashes", "count")
 
@@ -18,25 +23,35 @@ class BloomFilter:
         capacity = max(capacity, 1)
         self.size = max(64, int(-capacity * math.log(error_rate) / (math.log(2) ** 2)))
         self.hashes = max(1, round(self.size / capacity * math.log(2)))
-        self.bits = bytearray((self.size + 7) // 8)
+        self.bits = np.zeros((self.size + 7) // 8, dtype=np.uint8)
         self.count = 0
 
-    def _positions(self, item: str) -> Iterable[int]:
-        digest = hashlib.blake2b(item.encode(), digest_size=16).digest()
-        h1 = int.from_bytes(digest[:8], "little")
-        h2 = int.from_bytes(digest[8:], "little") | 1
-        size = self.size
-        return ((h1 + i * h2) % size for i in range(self.hashes))
+    def _positions(self, items: Sequence[str]) -> np.ndarray:
+        h1 = np.fromiter(map(hash, items), dtype=np.int64, count=len(items)).view(np.uint64)
+        h2 = (h1 * np.uint64(0x9E3779B97F4A7C15)) ^ (h1 >> np.uint64(29)) | np.uint64(1)
+        steps = np.arange(self.hashes, dtype=np.uint64)
+        return (h1[:, None] + steps[None, :] * h2[:, None]) % np.uint64(self.size)
+
+    def add_many(self, items: Sequence[str]) -> None:
+        if not items:
+            return
+        positions = self._positions(items).ravel()
+        np.bitwise_or.at(self.bits, positions >> np.uint64(3), (1 << (positions & np.uint64(7))).astype(np.uint8))
+        self.count += len(items)
+
+    def contains_many(self, items: Sequence[str]) -> np.ndarray:
+        """One bool per item: False means certainly absent, True means maybe present."""
+        if not items:
+            return np.zeros(0, dtype=bool)
+        positions = self._positions(items)
+        hits = self.bits[positions >> np.uint64(3)] & (1 << (positions & np.uint64(7))).astype(np.uint8)
+        return hits.all(axis=1)
 
     def add(self, item: str) -> None:
-        bits = self.bits
-        for p in self._positions(item):
-            bits[p >> 3] |= 1 << (p & 7)
-        self.count += 1
+        self.add_many([item])
 
     def __contains__(self, item: str) -> bool:
-        bits = self.bits
-        return all(bits[p >> 3] & (1 << (p & 7)) for p in self._positions(item))
+        return bool(self.contains_many([item])[0])
 
     @property
     def saturated(self) -> bool:
@@ -63,14 +78,13 @@ class DedupIndex:
         if self._bloom is None or self.version != version or self._bloom.saturated:
             ids = list(self._load_all())
             bloom = BloomFilter(capacity=max(100_000, 4 * len(ids)))
-            for i in ids:
-                bloom.add(i)
+            bloom.add_many(ids)
             self._bloom, self.version = bloom, version
 
     def seen(self, ids: list[str]) -> set[str]:
         assert self._bloom is not None, "ensure(version) first"
         bloom = self._bloom
-        maybe = [i for i in ids if i in bloom]
+        maybe = [i for i, hit in zip(ids, bloom.contains_many(ids)) if hit]
         if not maybe:
             return set()
         self.exact_checks += len(maybe)
@@ -79,6 +93,5 @@ class DedupIndex:
     def committed(self, version: int, ids: Iterable[str]) -> None:
         """The shard committed ``version`` adding ``ids``: keep the filter in step."""
         assert self._bloom is not None
-        for i in ids:
-            self._bloom.add(i)
+        self._bloom.add_many(list(ids))
         self.version = version

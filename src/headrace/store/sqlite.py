@@ -9,6 +9,8 @@ import sqlite3
 import time
 from typing import Iterable, Iterator
 
+import pyarrow as pa
+
 from ..engine.batch import DueTimer, Production, ShardCommit, ShardSnapshot
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
@@ -41,6 +43,7 @@ CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard)
 CREATE TABLE IF NOT EXISTS batches(
   producer TEXT, batch INTEGER, input_watermark INTEGER NOT NULL, output_watermark INTEGER NOT NULL,
   completed_at INTEGER NOT NULL, PRIMARY KEY(producer, batch)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints(producer TEXT PRIMARY KEY, position TEXT) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters(
   computation TEXT, name TEXT, value INTEGER NOT NULL, PRIMARY KEY(computation, name)) WITHOUT ROWID;
 """
@@ -50,8 +53,33 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
+SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
+
+
 def _encode(records: list[Production]) -> bytes:
-    return pickle.dumps([(p.key, p.value, p.timestamp, p.id) for p in records], protocol=pickle.HIGHEST_PROTOCOL)
+    """A segment is an Arrow IPC stream; values are pickled one by one so readers can pass them on untouched."""
+    dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
+    table = pa.table({
+        "key": pa.array([p.key for p in records], pa.string()),
+        "value": pa.array([dumps(p.value, proto) for p in records], pa.binary()),
+        "timestamp": pa.array([p.timestamp for p in records], pa.int64()),
+        "id": pa.array([p.id for p in records], pa.string()),
+    }, schema=SEGMENT_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, SEGMENT_SCHEMA) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_segment(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()
+
+
+def _decode(data: bytes) -> list[tuple]:
+    t = decode_segment(data)
+    loads = pickle.loads
+    return list(zip(t.column("key").to_pylist(), map(loads, t.column("value").to_pylist()),
+                    t.column("timestamp").to_pylist(), t.column("id").to_pylist()))
 
 
 class SQLiteStore:
@@ -156,6 +184,11 @@ class SQLiteStore:
                                (computation,)).fetchone()
         return [] if row[0] is None else [int(row[0])]
 
+    def next_wall_timer(self, computation: str) -> int | None:
+        row = self._db.execute("SELECT MIN(timestamp) FROM timers WHERE computation = ? AND domain = 'wall'",
+                               (computation,)).fetchone()
+        return None if row[0] is None else int(row[0])
+
     def commit_shard(self, c: ShardCommit) -> None:
         """Write one shard's batch outcome atomically, if the shard is still at ``c.base_version``
         and ``c.sequencer`` is still the computation's writer."""
@@ -254,7 +287,7 @@ class SQLiteStore:
         for stream, data in self._db.execute(
             "SELECT stream, data FROM segments WHERE producer = ? AND batch = ? AND shard = ?", (computation, batch, shard)
         ):
-            out.extend(Production(stream, *r) for r in pickle.loads(data))
+            out.extend(Production(stream, *r) for r in _decode(data))
         out.sort(key=lambda p: int(p.id.rsplit(":", 1)[1]))
         return out
 
@@ -293,6 +326,53 @@ class SQLiteStore:
                 db.execute("ROLLBACK")
             raise
 
+    def latest_batch(self, producer: str) -> BatchInfo | None:
+        row = self._db.execute(
+            "SELECT producer, batch, input_watermark, output_watermark, completed_at FROM batches "
+            "WHERE producer = ? ORDER BY batch DESC LIMIT 1", (producer,)).fetchone()
+        return BatchInfo(*row) if row else None
+
+    def batch_info(self, producer: str, batch: int) -> BatchInfo | None:
+        row = self._db.execute(
+            "SELECT producer, batch, input_watermark, output_watermark, completed_at FROM batches "
+            "WHERE producer = ? AND batch = ?", (producer, batch)).fetchone()
+        return BatchInfo(*row) if row else None
+
+    def publish(self, producer: str, batch: int, records: dict[str, list[Production]], watermark: int,
+                checkpoint: str | None = None) -> None:
+        """An injector's batch: its segments, its journal entry and its resume point, in one transaction.
+
+        Publishing a batch that is already journaled does nothing, so an injector that crashed and
+        replays from its last checkpoint never doubles a batch.
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if db.execute("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)).fetchone():
+                db.execute("ROLLBACK")
+                return
+            prev = self.latest_batch(producer)
+            if prev is not None and prev.batch >= batch:
+                raise StaleBatchError(f"Injector {producer!r} is at batch {prev.batch}, past {batch}", got=batch,
+                                      hint="resume from the checkpoint the store returns")
+            now = _now()
+            for stream, ps in records.items():
+                if ps:
+                    db.execute("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, 0, ?, ?, ?)",
+                               (stream, producer, batch, len(ps), _encode(ps), now))
+            wm = max(watermark, prev.output_watermark) if prev else watermark
+            db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, ?)", (producer, batch, wm, wm, now))
+            db.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?)", (producer, checkpoint))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def checkpoint(self, producer: str) -> str | None:
+        row = self._db.execute("SELECT position FROM checkpoints WHERE producer = ?", (producer,)).fetchone()
+        return row[0] if row else None
+
     def batches(self, producer: str, after: int = 0) -> list[BatchInfo]:
         return [BatchInfo(*r) for r in self._db.execute(
             "SELECT producer, batch, input_watermark, output_watermark, completed_at FROM batches "
@@ -303,8 +383,18 @@ class SQLiteStore:
             "SELECT batch, data FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ? "
             "ORDER BY batch, shard", (stream, producer, after_batch, upto_batch)).fetchall()
         for batch, data in rows:
-            for r in pickle.loads(data):
+            for r in _decode(data):
                 yield batch, StoredRecord(*r)
+
+    def stream_producers(self, stream: str) -> list[str]:
+        return [r[0] for r in self._db.execute(
+            "SELECT DISTINCT producer FROM segments WHERE stream = ? ORDER BY producer", (stream,))]
+
+    def segment_blobs(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> list[tuple[int, int, bytes]]:
+        """Raw segments (batch, shard, Arrow IPC bytes) of ``producer`` on ``stream`` in (after, upto]."""
+        return self._db.execute(
+            "SELECT batch, shard, data FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ? "
+            "ORDER BY batch, shard", (stream, producer, after_batch, upto_batch)).fetchall()
 
     # -- reading back -------------------------------------------------------------------------------
 

@@ -1,0 +1,49 @@
+"""``headrace.run`` and ``headrace.read``: the two entry points a user calls."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from .model import Record
+from .store import open_store
+from .topology import Topology
+
+__all__ = ["run", "read"]
+
+
+def run(topology: Topology, store: str = "sqlite:///headrace.db", master: str = "local[*]", *,
+        checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = sys.stderr,
+        timeout_s: float | None = None, spark: Any = None) -> Any:
+    """Run ``topology`` on Spark with its state in ``store``.
+
+    Returns a ``RunResult`` once every computation has drained, when all injectors are bounded;
+    otherwise runs until stopped (Ctrl-C). Running again with the same store resumes.
+    """
+    from .spark.runner import SparkRunner
+
+    runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms,
+                         progress=progress, spark=spark).start()
+    try:
+        return runner.wait(timeout_s)
+    finally:
+        runner.stop()
+
+
+def read(stream: str, store: str = "sqlite:///headrace.db") -> list[Record]:
+    """The committed records of ``stream``, producer by producer, in batch order.
+
+    A record's ``key`` is the key its producer gave (``None`` when it gave none).
+    """
+    db = open_store(store)
+    try:
+        out: list[Record] = []
+        for producer in db.stream_producers(stream):
+            last = db.latest_batch(producer)
+            if last is None:
+                continue
+            out.extend(Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
+                       for _, r in db.read_segments(stream, producer, 0, last.batch))
+        return out
+    finally:
+        db.close()

@@ -1,0 +1,208 @@
+"""One Structured Streaming query per computation.
+
+    headrace source ──► extract keys (mapInArrow) ──► repartition by key shard ──► shard tasks
+    (mapInArrow: load, run user code, commit one transaction each) ──► collect results on the
+    driver ──► journal the batch as complete with the computation's output low watermark.
+
+The batch number every shard commits under is Spark's batch id + 1, so a batch Spark replays
+after a crash finds its shards already committed and re-delivers instead of re-running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import pyarrow as pa
+
+from ..engine import DedupCache, InputRecord, ShardBatch, run_shard_batch, shard_of
+from ..engine.watermark import output_low_watermark
+from ..errors import InvalidKeyError, UserCodeError
+from ..model import BEGINNING_OF_TIME, ComputationOptions, KeyExtractor
+from ..store import Store, open_store
+from ..topology import ComputationSpec, Topology
+from .source import CONTROL, RECORD
+
+__all__ = ["ComputationQuery", "QueryStats"]
+
+KEYED_SCHEMA = pa.schema([
+    ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
+    ("timestamp", pa.int64()), ("id", pa.string()), ("shard", pa.int32()),
+    ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
+])
+KEYED_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, shard INT, "
+             "wm_before BIGINT, wm_after BIGINT, wall BIGINT")
+RESULT_DDL = "shard INT, outcome STRING, counters STRING, productions BIGINT, wm_after BIGINT"
+
+_STORES: dict[tuple[str, int], Store] = {}
+_DEDUP = DedupCache()
+
+
+def worker_store(url: str) -> Store:
+    """One store connection per worker process (Python workers are reused across tasks)."""
+    key = (url, os.getpid())
+    store = _STORES.get(key)
+    if store is None:
+        store = _STORES[key] = open_store(url)
+    return store
+
+
+def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: int) -> Callable[..., Iterator[pa.RecordBatch]]:
+    def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        loads = pickle.loads
+        for rb in batches:
+            cols = {name: rb.column(name).to_pylist() for name in rb.schema.names}
+            out: dict[str, list[Any]] = {name: [] for name in KEYED_SCHEMA.names}
+            for i, kind in enumerate(cols["kind"]):
+                if kind == CONTROL:
+                    for shard in range(shards):
+                        for name in KEYED_SCHEMA.names:
+                            out[name].append(shard if name == "shard" else cols[name][i])
+                    continue
+                stream, value = cols["stream"][i], cols["value"][i]
+                try:
+                    key = extractors[stream](loads(value))
+                except InvalidKeyError as exc:
+                    raise InvalidKeyError(f"{exc.what} for record {cols['id'][i]!r} of stream {stream!r} "
+                                          f"consumed by {computation!r}", got=exc.got, hint=exc.hint) from None
+                for name in KEYED_SCHEMA.names:
+                    out[name].append(key if name == "key" else shard_of(key, shards) if name == "shard" else cols[name][i])
+            yield pa.RecordBatch.from_pydict(out, schema=KEYED_SCHEMA)
+    return extract
+
+
+def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: int,
+                    dedup_streams: frozenset[str]) -> Callable[..., Iterator[pa.RecordBatch]]:
+    name, options, cls = spec.name, spec.options, spec.cls
+    outputs = frozenset(spec.outputs)
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = pa.Table.from_batches(list(batches), schema=KEYED_SCHEMA)
+        if table.num_rows == 0:
+            return
+        cols = {n: table.column(n).to_pylist() for n in KEYED_SCHEMA.names}
+        loads = pickle.loads
+        per_shard: dict[int, list[InputRecord]] = {}
+        control: dict[int, tuple[int, int, int]] = {}
+        for i, kind in enumerate(cols["kind"]):
+            shard = cols["shard"][i]
+            if kind == CONTROL:
+                control[shard] = (cols["wm_before"][i], cols["wm_after"][i], cols["wall"][i])
+            else:
+                per_shard.setdefault(shard, []).append(InputRecord(
+                    cols["stream"][i], cols["key"][i], loads(cols["value"][i]), cols["timestamp"][i], cols["id"][i]))
+        store = worker_store(url)
+        computation = cls()
+        rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": [], "wm_after": []}
+        for shard in sorted(control):
+            wm_before, wm_after, wall = control[shard]
+            batch = ShardBatch(name, shard, batch_no, per_shard.get(shard, []), wm_before, wm_after, wall,
+                               sequencer, dedup_streams)
+            result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP)
+            rows["shard"].append(shard)
+            rows["outcome"].append(result.state.value)
+            rows["counters"].append(json.dumps(result.counters))
+            rows["productions"].append(len(result.productions))
+            rows["wm_after"].append(wm_after)
+        yield pa.RecordBatch.from_pydict(rows, schema=pa.schema([
+            ("shard", pa.int32()), ("outcome", pa.string()), ("counters", pa.string()),
+            ("productions", pa.int64()), ("wm_after", pa.int64())]))
+    return task
+
+
+@dataclass
+class QueryStats:
+    batches: int = 0
+    input_watermark: int = BEGINNING_OF_TIME
+    output_watermark: int = BEGINNING_OF_TIME
+    counters: dict[str, int] = field(default_factory=dict)
+    last_batch_ms: float = 0.0
+
+
+class ComputationQuery:
+    """Starts, runs and stops the streaming query of one computation."""
+
+    def __init__(self, spark: Any, topology: Topology, spec: ComputationSpec, store_url: str,
+                 checkpoint_root: str, trigger_ms: int = 200, start: str = "beginning"):
+        self.spark = spark
+        self.spec = spec
+        self.url = store_url
+        self.checkpoint = os.path.join(checkpoint_root, spec.name)
+        self.trigger_ms = trigger_ms
+        self.start_from = start
+        self.store = open_store(store_url)
+        self.store.register(spec.name, spec.options.shards)
+        self.sequencer = self.store.acquire_writer(spec.name)
+        self.subscriptions = [(s, p) for s in spec.inputs for p in topology.producers(s)]
+        self.dedup_streams = frozenset(
+            s for s in spec.inputs
+            if s in topology.injections and topology.injections[s].options.get("delivery") == "at_least_once")
+        last = self.store.latest_batch(spec.name)
+        self.stats = QueryStats()
+        if last is not None:
+            self.stats.input_watermark, self.stats.output_watermark = last.input_watermark, last.output_watermark
+        self.error: BaseException | None = None
+        self.query: Any = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        import time
+
+        df = (self.spark.readStream.format("headrace")
+              .option("store", self.url).option("computation", self.spec.name)
+              .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from).load())
+        self._started = time.time()
+        self.query = (df.writeStream.foreachBatch(self._on_batch)
+                      .option("checkpointLocation", self.checkpoint)
+                      .queryName(f"headrace-{self.spec.name}")
+                      .trigger(processingTime=f"{self.trigger_ms} milliseconds")
+                      .start())
+
+    def _on_batch(self, df: Any, batch_id: int) -> None:
+        import time
+
+        began = time.perf_counter()
+        spec, batch_no = self.spec, batch_id + 1
+        shards = spec.options.shards
+        keyed = df.mapInArrow(make_extract(spec.name, dict(spec.inputs), shards), KEYED_DDL)
+        results = (keyed.repartition(shards, "shard")
+                   .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams),
+                               RESULT_DDL)
+                   .collect())
+        if not results:
+            return
+        wm_after = results[0].wm_after
+        holds = self.store.watermark_holds(spec.name)
+        out = self.store.complete_batch(spec.name, batch_no, wm_after,
+                                        output_low_watermark(self.stats.output_watermark, wm_after, holds),
+                                        self.sequencer)
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.input_watermark = max(self.stats.input_watermark, wm_after)
+            self.stats.output_watermark = out
+            for row in results:
+                for k, v in json.loads(row.counters).items():
+                    self.stats.counters[k] = self.stats.counters.get(k, 0) + v
+            self.stats.last_batch_ms = (time.perf_counter() - began) * 1000
+
+    def check(self) -> None:
+        """Raise the query's failure, if it failed."""
+        if self.query is not None and self.query.exception() is not None:
+            raise _query_error(self.spec.name, self.query.exception())
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+        self.store.close()
+
+
+def _query_error(name: str, exc: Any) -> UserCodeError:
+    text = str(exc)
+    marker = "headrace.errors."
+    detail = text[text.index(marker):].splitlines()[0] if marker in text else text.splitlines()[0] if text else repr(exc)
+    return UserCodeError(f"The query of computation {name!r} failed", got_text=detail,
+                         hint="fix the cause and run again: every shard resumes from its last committed batch")

@@ -1,0 +1,159 @@
+"""The ``headrace`` Spark streaming source: a consumer's view of its input streams.
+
+An offset is ``{"b": {producer: last completed batch}, "wall": ms}``. A micro-batch reads every
+segment its producers completed in (start, end] and one control row that carries the input low
+watermark before and after the batch and the wall clock, all derived from the offsets alone, so a
+replayed batch sees exactly what the first attempt saw. The offset moves when a producer completes
+a batch (data or only a watermark) or when a wall timer of the consumer falls due, which starts a
+batch even with no rows, so timers fire.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from ..engine.watermark import input_low_watermark
+from ..model import BEGINNING_OF_TIME
+from ..store import open_store
+from ..store.sqlite import decode_segment
+
+__all__ = ["HeadraceSource", "SOURCE_SCHEMA", "RECORD", "CONTROL"]
+
+RECORD, CONTROL = 0, 1
+SOURCE_SCHEMA = pa.schema([
+    ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
+    ("timestamp", pa.int64()), ("id", pa.string()),
+    ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
+])
+SOURCE_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, "
+              "wm_before BIGINT, wm_after BIGINT, wall BIGINT")
+
+
+@dataclass
+class SegmentRange(InputPartition):
+    stream: str
+    producer: str
+    after: int
+    upto: int
+
+
+@dataclass
+class ControlPartition(InputPartition):
+    wm_before: int
+    wm_after: int
+    wall: int
+
+
+class HeadraceSource(DataSource):
+    """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
+    ``start`` (``beginning`` or ``now``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "headrace"
+
+    def schema(self) -> str:
+        return SOURCE_DDL
+
+    def streamReader(self, schema: Any) -> "HeadraceReader":
+        return HeadraceReader(self.options)
+
+
+class HeadraceReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]):
+        self.url = options["store"]
+        self.computation = options["computation"]
+        self.subscriptions: list[tuple[str, str]] = [tuple(s) for s in json.loads(options["subscriptions"])]
+        self.producers = sorted({p for _, p in self.subscriptions})
+        self.start = options.get("start", "beginning")
+        self._store: Any = None
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def _latest(self) -> dict[str, int]:
+        latest = {}
+        for p in self.producers:
+            info = self.store.latest_batch(p)
+            latest[p] = info.batch if info else 0
+        return latest
+
+    def initialOffset(self) -> dict:
+        batches = self._latest() if self.start == "now" else {p: 0 for p in self.producers}
+        return {"b": batches, "wall": 0}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        batches = self._latest()
+        previous = start or {"b": {}, "wall": 0}
+        wall = previous.get("wall", 0)
+        now = int(time.time() * 1000)
+        due = self.store.next_wall_timer(self.computation)
+        if due is not None and due <= now and due > wall:
+            wall = now
+        return {"b": {p: max(batches[p], previous["b"].get(p, 0)) for p in self.producers}, "wall": wall}
+
+    def _watermark(self, offset: dict) -> int:
+        marks = []
+        for p in self.producers:
+            batch = offset["b"].get(p, 0)
+            info = self.store.batch_info(p, batch) if batch else None
+            marks.append(info.output_watermark if info else BEGINNING_OF_TIME)
+        return input_low_watermark(marks)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        if start == end:
+            return []
+        parts: list[InputPartition] = [
+            SegmentRange(stream, producer, start["b"].get(producer, 0), end["b"][producer])
+            for stream, producer in self.subscriptions
+            if end["b"][producer] > start["b"].get(producer, 0)
+        ]
+        parts.append(ControlPartition(self._watermark(start), self._watermark(end), end.get("wall", 0)))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, ControlPartition):
+            yield pa.RecordBatch.from_pydict({
+                "kind": [CONTROL], "stream": [None], "key": [None], "value": [None], "timestamp": [0], "id": [None],
+                "wm_before": [partition.wm_before], "wm_after": [partition.wm_after], "wall": [partition.wall],
+            }, schema=SOURCE_SCHEMA)
+            return
+        assert isinstance(partition, SegmentRange)
+        store = open_store(self.url)
+        try:
+            for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
+                yield from _as_source_batches(decode_segment(blob), partition.stream)
+        finally:
+            store.close()
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def _as_source_batches(table: pa.Table, stream: str) -> Iterator[pa.RecordBatch]:
+    n = table.num_rows
+    if n == 0:
+        return
+    zeros = pa.array([0] * n, pa.int64())
+    full = pa.table({
+        "kind": pa.array([RECORD] * n, pa.int8()),
+        "stream": pa.array([stream] * n, pa.string()),
+        "key": table.column("key"), "value": table.column("value"),
+        "timestamp": table.column("timestamp"), "id": table.column("id"),
+        "wm_before": zeros, "wm_after": zeros, "wall": zeros,
+    }, schema=SOURCE_SCHEMA)
+    yield from full.to_batches()
