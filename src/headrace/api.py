@@ -6,10 +6,10 @@ import sys
 from typing import Any, TextIO
 
 from .model import Record
-from .store import open_store
+from .store import BatchInfo, open_store
 from .topology import Topology
 
-__all__ = ["run", "read"]
+__all__ = ["run", "read", "watermarks"]
 
 
 def run(topology: Topology, store: str = "sqlite:///headrace.db", master: str = "local[*]", *,
@@ -45,5 +45,15 @@ def read(stream: str, store: str = "sqlite:///headrace.db") -> list[Record]:
             out.extend(Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
                        for _, r in db.read_segments(stream, producer, 0, last.batch))
         return out
+    finally:
+        db.close()
+
+
+def watermarks(store: str = "sqlite:///headrace.db") -> dict[str, BatchInfo]:
+    """The low watermarks journaled in ``store``: per producer (computation or ``inject:<stream>``),
+    its latest completed batch with its input and output low watermark."""
+    db = open_store(store)
+    try:
+        return {info.producer: info for info in db.journal_heads()}
     finally:
         db.close()

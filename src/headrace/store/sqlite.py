@@ -386,6 +386,12 @@ class SQLiteStore:
             for r in _decode(data):
                 yield batch, StoredRecord(*r)
 
+    def journal_heads(self) -> list[BatchInfo]:
+        """The latest journaled batch of every producer."""
+        return [BatchInfo(*r) for r in self._db.execute(
+            "SELECT producer, MAX(batch), input_watermark, output_watermark, completed_at FROM batches "
+            "GROUP BY producer ORDER BY producer")]
+
     def stream_producers(self, stream: str) -> list[str]:
         return [r[0] for r in self._db.execute(
             "SELECT DISTINCT producer FROM segments WHERE stream = ? ORDER BY producer", (stream,))]

@@ -1,0 +1,97 @@
+"""Computations and plain-Python oracles shared by the Spark tests."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from typing import Any
+
+from headrace import Computation, Topology, injectors, key_by
+
+BASE = 1_700_000_000_000
+
+
+class WindowCounter(Computation):
+    """Searches per query and one-second bucket, emitted once the low watermark passes the bucket."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        counts = ctx.state or {}
+        bucket = record.timestamp - record.timestamp % 1000
+        counts[bucket] = counts.get(bucket, 0) + 1
+        ctx.state = counts
+        ctx.set_timer(f"bucket-{bucket}", bucket + 1000)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        counts = ctx.state
+        bucket = timer.timestamp - 1000
+        ctx.produce("window_counts", {"query": ctx.key, "bucket": bucket, "count": counts.pop(bucket)})
+        ctx.state = counts or None
+
+
+class BucketTotals(Computation):
+    """Keyed by bucket: the total over every query, and how many queries it saw, once complete."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        total = ctx.state or {"searches": 0, "queries": 0}
+        total["searches"] += record.value["count"]
+        total["queries"] += 1
+        ctx.state = total
+        ctx.set_timer("complete", record.value["bucket"] + 1000)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        ctx.produce("bucket_totals", {"bucket": int(ctx.key), **ctx.state})
+        ctx.state = None
+
+
+class BusiestBucketPerTenSeconds(Computation):
+    """Keyed by ten-second span: the bucket with the most searches, once the span is complete."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        best = ctx.state
+        v = record.value
+        if best is None or (v["searches"], -v["bucket"]) > (best["searches"], -best["bucket"]):
+            ctx.state = {"bucket": v["bucket"], "searches": v["searches"]}
+        ctx.set_timer("span", int(ctx.key) + 10_000)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        ctx.produce("busiest", {"span": int(ctx.key), **ctx.state})
+        ctx.state = None
+
+
+def searches(n: int, seed: int = 3, spread_ms: int = 40_000, disorder_ms: int = 3_000) -> list[dict[str, Any]]:
+    """Zipf-ish queries over ``spread_ms``, arriving out of order by up to ``disorder_ms``."""
+    rng = random.Random(seed)
+    queries = [f"q{i}" for i in range(30)]
+    weights = [1 / (i + 1) for i in range(len(queries))]
+    events = [{"query": rng.choices(queries, weights)[0], "ts": BASE + rng.randrange(spread_ms)} for _ in range(n)]
+    events.sort(key=lambda e: e["ts"] + rng.randrange(disorder_ms))
+    return events
+
+
+def three_stage(events: list[dict[str, Any]], batch_size: int = 400, name: str = "three_stage") -> Topology:
+    t = Topology(name)
+    t.inject("searches", injectors.records(events, timestamp="ts", batch_size=batch_size))
+    t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=3)
+    t.add(BucketTotals, inputs={"window_counts": key_by(lambda v: str(v["bucket"]))}, outputs=["bucket_totals"], shards=2)
+    t.add(BusiestBucketPerTenSeconds, inputs={"bucket_totals": key_by(lambda v: str(v["bucket"] - v["bucket"] % 10_000))},
+          outputs=["busiest"], shards=2)
+    return t
+
+
+def oracle(events: list[dict[str, Any]]) -> dict[str, Any]:
+    window = Counter((e["query"], e["ts"] - e["ts"] % 1000) for e in events)
+    totals: dict[int, dict[str, int]] = defaultdict(lambda: {"searches": 0, "queries": 0})
+    for (_, bucket), count in window.items():
+        totals[bucket]["searches"] += count
+        totals[bucket]["queries"] += 1
+    busiest: dict[int, dict[str, int]] = {}
+    for bucket, total in sorted(totals.items()):
+        span = bucket - bucket % 10_000
+        best = busiest.get(span)
+        if best is None or total["searches"] > best["searches"]:
+            busiest[span] = {"bucket": bucket, "searches": total["searches"]}
+    return {
+        "window_counts": {(q, b): c for (q, b), c in window.items()},
+        "bucket_totals": {b: dict(t) for b, t in totals.items()},
+        "busiest": busiest,
+    }

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from typing import Any
+
+from headrace import read, run, watermarks
+from headrace.model import END_OF_TIME
+from headrace.store import open_store
+
+from .pipelines import oracle, searches, three_stage
+
+
+def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: Any, store_url: str) -> None:
+    events = searches(3_000)
+    assert any(a["ts"] > b["ts"] for a, b in zip(events, events[1:])), "input must be out of order"
+    result = run(three_stage(events), store=store_url, spark=spark, progress=None, timeout_s=300)
+
+    expected = oracle(events)
+    window = {(r.value["query"], r.value["bucket"]): r.value["count"] for r in read("window_counts", store_url)}
+    totals = {r.value["bucket"]: {"searches": r.value["searches"], "queries": r.value["queries"]}
+              for r in read("bucket_totals", store_url)}
+    busiest = {r.value["span"]: {"bucket": r.value["bucket"], "searches": r.value["searches"]}
+               for r in read("busiest", store_url)}
+    assert window == expected["window_counts"]
+    assert totals == expected["bucket_totals"]
+    assert busiest == expected["busiest"]
+    assert len(read("window_counts", store_url)) == len(expected["window_counts"])  # each window emitted once
+    assert result.stats["WindowCounter"].counters.get("late_dropped", 0) == 0
+    assert all(info.output_watermark == END_OF_TIME for info in watermarks(store_url).values())
+
+
+def test_every_stage_watermark_is_monotonic_and_lags_its_producer_by_at_most_one_batch(spark: Any, store_url: str) -> None:
+    from headrace import injectors
+    events = searches(2_000, seed=5)
+    topology = three_stage(events, batch_size=100, name="lagging")
+    topology.injections["searches"] = type(topology.injections["searches"])(
+        "searches", injectors.records(events, timestamp="ts", batch_size=50, rate=200), {})
+    run(topology, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100)
+
+    store = open_store(store_url)
+    stages = {"WindowCounter": "inject:searches", "BucketTotals": "WindowCounter",
+              "BusiestBucketPerTenSeconds": "BucketTotals"}
+    for stage, producer in stages.items():
+        journal = store.batches(stage)
+        upstream = store.batches(producer)
+        outs = [b.output_watermark for b in journal]
+        ins = [b.input_watermark for b in journal]
+        assert outs == sorted(outs) and ins == sorted(ins), f"{stage} watermark moved back"
+        assert len(journal) >= 3, f"{stage} ran only {len(journal)} batches; the test needs a steady state"
+        for previous, current in zip(journal, journal[1:]):
+            # everything the producer completed before our previous batch ended was visible to this batch
+            visible = [u.output_watermark for u in upstream if u.completed_at < previous.completed_at]
+            if visible:
+                assert current.input_watermark >= max(visible), (
+                    f"{stage} batch {current.batch} is more than one batch behind {producer}")
