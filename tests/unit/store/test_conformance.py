@@ -1,0 +1,336 @@
+"""The backing store contract (DESIGN §2-§3), through ``open_store`` and the ``Store`` protocol only.
+
+Every store implementation must pass this file: it runs once per ``store_url`` parameter (see
+conftest.py). Nothing here may depend on SQLite, except the tests marked "SQLite only".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from headrace.engine.batch import DueTimer, Production, ShardCommit
+from headrace.errors import FencedWriterError, OptionError, StaleBatchError, StoreError
+from headrace.store import COMMIT_STEPS, BatchInfo, StoredRecord, open_store
+
+C = "counter"
+KEYS = ("a", "b", "c", "gone")
+STREAMS = ("out", "side")
+
+
+def pid(batch: int, seq: int, shard: int = 0) -> str:
+    """A production id as the engine assigns it: ``<computation>:<shard>:<batch>:<seq>``."""
+    return f"{C}:{shard}:{batch}:{seq}"
+
+
+def make_commit(batch: int, base_version: int, sequencer: int, shard: int = 0, **fields: Any) -> ShardCommit:
+    return ShardCommit(computation=C, shard=shard, batch=batch, base_version=base_version, sequencer=sequencer,
+                       **fields)
+
+
+def full_commit(sequencer: int, batch: int = 1, base_version: int = 0) -> ShardCommit:
+    return make_commit(
+        batch, base_version, sequencer,
+        state_writes=[("a", b"state-a"), ("b", b"state-b")],
+        timer_sets=[DueTimer("a", "t1", "watermark", 500), DueTimer("b", "w1", "wall", 70)],
+        seen_ids=[("in-1", 10), ("in-2", 20)],
+        productions=[Production("out", "a", {"n": 1}, 10, pid(batch, 1)),
+                     Production("side", None, [1, 2], 20, pid(batch, 2))],
+        input_watermark=40, output_watermark=30,
+        counters={"records": 2, "duplicates": 1},
+    )
+
+
+def view(store: Any) -> dict[str, Any]:
+    """Everything a reader can observe of computation ``C`` (to prove a write left no trace)."""
+    return {
+        "versions": store.shard_versions(C),
+        "state": {k: store.state(C, k) for k in KEYS},
+        "timers": {k: store.timers(C, k) for k in KEYS},
+        "seen": {s: sorted(store.all_seen_ids(C, s)) for s in range(2)},
+        "segments": {s: list(store.read_segments(s, C, 0, 100)) for s in STREAMS},
+        "counters": store.counters(C),
+        "holds": store.watermark_holds(C),
+        "journal": store.batches(C),
+    }
+
+
+@pytest.fixture
+def writer(store: Any) -> int:
+    store.register(C, 2)
+    return store.acquire_writer(C)
+
+
+# -- writers -----------------------------------------------------------------------------------------
+
+
+def test_register_creates_shards_at_version_zero_and_is_idempotent(store: Any) -> None:
+    store.register(C, 3)
+    store.register(C, 3)
+    assert store.shard_versions(C) == {0: 0, 1: 0, 2: 0}
+    assert store.sequencer(C) == 0
+
+
+def test_register_with_another_shard_count_is_refused(store: Any) -> None:
+    store.register(C, 3)
+    expected = (f"Computation 'counter' was created with 3 shards in {store.url} (got 4). "
+                "Hint: keep shards=3, or give the changed computation a new name")
+    with pytest.raises(StoreError, match=f"^{re.escape(expected)}$"):
+        store.register(C, 4)
+    assert store.shard_versions(C) == {0: 0, 1: 0, 2: 0}
+
+
+def test_acquire_writer_increments_the_sequencer_for_every_store_object(store: Any, reopen: Any) -> None:
+    store.register(C, 1)
+    assert store.acquire_writer(C) == 1
+    assert store.acquire_writer(C) == 2
+    other = reopen()
+    assert other.sequencer(C) == 2
+    assert other.acquire_writer(C) == 3
+    assert store.sequencer(C) == 3
+
+
+def test_acquire_writer_of_an_unregistered_computation_is_refused(store: Any) -> None:
+    expected = (f"Computation 'nope' is not registered in {store.url} (got 'nope'). "
+                "Hint: call store.register(name, shards) first")
+    with pytest.raises(StoreError, match=f"^{re.escape(expected)}$"):
+        store.acquire_writer("nope")
+
+
+# -- one shard commit --------------------------------------------------------------------------------
+
+
+def test_commit_shard_writes_state_timers_seen_ids_segments_counters_and_version(store: Any, writer: int) -> None:
+    store.commit_shard(full_commit(writer))
+    assert store.shard_versions(C) == {0: 1, 1: 0}
+    assert (store.state(C, "a"), store.state(C, "b"), store.state(C, "c")) == (b"state-a", b"state-b", None)
+    assert store.timers(C, "a") == [DueTimer("a", "t1", "watermark", 500)]
+    assert store.timers(C, "b") == [DueTimer("b", "w1", "wall", 70)]
+    assert sorted(store.all_seen_ids(C, 0)) == ["in-1", "in-2"] and list(store.all_seen_ids(C, 1)) == []
+    assert store.seen_ids(C, 0, ["in-2", "in-3"]) == {"in-2"}
+    assert store.seen_ids(C, 1, ["in-2"]) == set()
+    assert store.counters(C) == {"records": 2, "duplicates": 1}
+    assert list(store.read_segments("out", C, 0, 1)) == [(1, StoredRecord("a", {"n": 1}, 10, pid(1, 1)))]
+    assert list(store.read_segments("side", C, 0, 1)) == [(1, StoredRecord(None, [1, 2], 20, pid(1, 2)))]
+
+    snap = store.load_shard(C, 0, ["a", "c"], watermark=0, wall_clock=100)
+    assert (snap.version, snap.output_watermark) == (1, 30)
+    assert snap.states == {"a": b"state-a", "b": b"state-b"}  # b: its due wall timer brings its state along
+    assert snap.due_timers == [DueTimer("b", "w1", "wall", 70)]
+
+
+def test_a_second_commit_replaces_deletes_and_adds_up(store: Any, writer: int) -> None:
+    store.commit_shard(full_commit(writer))
+    store.commit_shard(make_commit(
+        2, 1, writer,
+        state_writes=[("a", None), ("b", b"state-b2")],
+        timer_sets=[DueTimer("b", "w1", "wall", 90)], timer_deletes=[("a", "t1")],
+        seen_ids=[("in-3", 30)], forget_ids_before=15,
+        input_watermark=50, output_watermark=20, counters={"records": 5},
+    ))
+    assert store.shard_versions(C)[0] == 2
+    assert (store.state(C, "a"), store.state(C, "b")) == (None, b"state-b2")
+    assert store.timers(C, "a") == [] and store.timers(C, "b") == [DueTimer("b", "w1", "wall", 90)]
+    assert sorted(store.all_seen_ids(C, 0)) == ["in-2", "in-3"]  # in-1 (timestamp 10 < 15) forgotten
+    assert store.counters(C) == {"records": 7, "duplicates": 1}
+    assert store.load_shard(C, 0, [], 0, 0).output_watermark == 30  # never moves back
+
+
+@pytest.mark.parametrize("step", [s for s in COMMIT_STEPS if s not in ("weak_productions", "after_commit")])
+def test_a_failure_at_any_step_before_commit_writes_nothing(store: Any, writer: int, step: str) -> None:
+    class Boom(Exception):
+        pass
+
+    def failpoint(at: str) -> None:
+        if at == step:
+            raise Boom(at)
+
+    store.commit_shard(full_commit(writer))
+    before = view(store)
+    store.failpoint = failpoint
+    with pytest.raises(Boom):
+        store.commit_shard(make_commit(
+            2, 1, writer, state_writes=[("a", None), ("c", b"new")], timer_sets=[DueTimer("c", "x", "watermark", 1)],
+            timer_deletes=[("a", "t1")], seen_ids=[("in-9", 90)], forget_ids_before=1000,
+            productions=[Production("out", "c", 9, 90, pid(2, 1))], input_watermark=90, output_watermark=90,
+            counters={"records": 1}))
+    assert view(store) == before
+    store.failpoint = None
+    store.commit_shard(make_commit(2, 1, writer, state_writes=[("c", b"new")]))  # the store is still usable
+    assert store.state(C, "c") == b"new"
+
+
+@pytest.mark.parametrize("strong", [True, False], ids=["strong", "weak"])
+def test_a_commit_on_a_stale_base_version_is_refused_and_writes_nothing(store: Any, writer: int,
+                                                                        strong: bool) -> None:
+    store.commit_shard(full_commit(writer))
+    before = view(store)
+    late = make_commit(2, 0, writer, state_writes=[("c", b"late")], seen_ids=[("in-9", 90)],
+                       productions=[Production("out", "c", 9, 90, pid(2, 1))],
+                       counters={"records": 1}, strong_productions=strong)
+    expected = ("Shard 0 of 'counter' moved from version 0 to 1 while batch 2 ran (got 2). "
+                "Hint: another attempt committed first; this attempt's outcome is discarded, re-read the shard")
+    with pytest.raises(StaleBatchError, match=f"^{re.escape(expected)}$"):
+        store.commit_shard(late)
+    again = full_commit(writer)  # the very same batch, committed a second time by a slower attempt
+    again.productions = [p._replace(value="other attempt") for p in again.productions]
+    again.strong_productions = strong
+    with pytest.raises(StaleBatchError):
+        store.commit_shard(again)
+    assert view(store) == before  # weak productions too: a stale attempt never replaces committed segments
+
+
+def test_an_at_least_once_commit_never_goes_stale_nor_moves_the_version_back(store: Any, writer: int) -> None:
+    store.commit_shard(make_commit(5, 0, writer, exactly_once=False, counters={"records": 1}))
+    store.commit_shard(make_commit(3, 0, writer, exactly_once=False, counters={"records": 1}))
+    assert store.shard_versions(C)[0] == 5
+    assert store.counters(C) == {"records": 2}
+
+
+@pytest.mark.parametrize("strong", [True, False], ids=["strong", "weak"])
+def test_a_fenced_writer_commits_nothing(store: Any, reopen: Any, writer: int, strong: bool) -> None:
+    newer = reopen()
+    assert newer.acquire_writer(C) == writer + 1
+    before = view(store)
+    zombie = full_commit(writer)
+    zombie.strong_productions = strong
+    expected = (f"Writer of 'counter' with sequencer {writer} was fenced off: the store's sequencer is {writer + 1} "
+                f"(got {writer}). Hint: a newer driver took over this computation; this process is a zombie and must stop")
+    with pytest.raises(FencedWriterError, match=f"^{re.escape(expected)}$"):
+        store.commit_shard(zombie)
+    assert view(store) == before == view(newer)
+    newer.commit_shard(full_commit(writer + 1))
+    assert newer.shard_versions(C)[0] == 1
+
+
+# -- the watermark journal -----------------------------------------------------------------------------
+
+
+def test_the_journal_is_monotonic(store: Any, writer: int) -> None:
+    assert store.latest_batch(C) is None
+    assert store.complete_batch(C, 1, 10, 100, writer) == 100
+    assert store.complete_batch(C, 2, 5, 50, writer) == 100  # a lower watermark never lowers the journal
+    assert store.complete_batch(C, 3, 20, 200, writer) == 200
+    assert [(b.batch, b.input_watermark, b.output_watermark) for b in store.batches(C)] == [
+        (1, 10, 100), (2, 10, 100), (3, 20, 200)]
+    assert [b.batch for b in store.batches(C, after=1)] == [2, 3]
+    latest = store.latest_batch(C)
+    assert isinstance(latest, BatchInfo) and (latest.producer, latest.batch, latest.output_watermark) == (C, 3, 200)
+    assert store.batch_info(C, 2)[:4] == (C, 2, 10, 100) and store.batch_info(C, 9) is None
+
+
+def test_completing_a_batch_again_is_idempotent(store: Any, writer: int) -> None:
+    store.complete_batch(C, 1, 10, 100, writer)
+    store.complete_batch(C, 2, 20, 200, writer)
+    journal = store.batches(C)
+    assert store.complete_batch(C, 2, 90, 900, writer) == 200  # a replayed batch: the journaled watermark
+    assert store.complete_batch(C, 1, 0, 0, writer) == 100
+    assert store.batches(C) == journal
+
+
+def test_completing_a_batch_is_fenced_by_the_sequencer(store: Any, reopen: Any, writer: int) -> None:
+    store.complete_batch(C, 1, 10, 100, writer)
+    reopen().acquire_writer(C)
+    expected = (f"Writer of 'counter' with sequencer {writer} was fenced off: the store's sequencer is {writer + 1} "
+                f"(got {writer}). Hint: a newer driver took over this computation; this process must stop")
+    for batch in (1, 2):
+        with pytest.raises(FencedWriterError, match=f"^{re.escape(expected)}$"):
+            store.complete_batch(C, batch, 20, 200, writer)
+    assert [b.batch for b in store.batches(C)] == [1]
+    assert store.complete_batch(C, 2, 20, 200, writer + 1) == 200
+
+
+# -- reading productions back ------------------------------------------------------------------------------
+
+
+def test_committed_productions_come_back_in_production_order(store: Any, writer: int) -> None:
+    produced = [Production(STREAMS[i % 3 == 0], f"k{i}", {"i": i}, 1000 - i, pid(1, i)) for i in range(1, 13)]
+    store.commit_shard(make_commit(1, 0, writer, productions=produced))
+    assert store.committed_productions(C, 0, 1) == produced  # across streams, seq 10 after seq 9
+    assert store.committed_productions(C, 0, 2) == []
+    assert store.committed_productions(C, 1, 1) == []
+
+
+def test_read_segments_returns_batches_after_upto_in_batch_and_shard_order(store: Any, writer: int) -> None:
+    for batch in (1, 2, 3):
+        for shard in (1, 0):
+            store.commit_shard(make_commit(batch, batch - 1, writer, shard=shard, productions=[
+                Production("out", f"k{shard}", (batch, shard, n), batch * 10 + n, pid(batch, n, shard))
+                for n in (1, 2)] + [Production("side", None, "x", 0, pid(batch, 3, shard))]))
+    got = list(store.read_segments("out", C, 1, 3))
+    assert [(b, r.value) for b, r in got] == [
+        (b, (b, s, n)) for b in (2, 3) for s in (0, 1) for n in (1, 2)]
+    assert got[0] == (2, StoredRecord("k0", (2, 0, 1), 21, pid(2, 1, 0)))
+    assert list(store.read_segments("out", C, 3, 9)) == []
+    assert list(store.read_segments("nothing", C, 0, 9)) == []
+    assert C in store.stream_producers("side")
+
+
+# -- timers ------------------------------------------------------------------------------------------------
+
+
+def test_watermark_holds_are_the_oldest_pending_watermark_timer(store: Any, writer: int) -> None:
+    assert store.watermark_holds(C) == []
+    store.commit_shard(make_commit(1, 0, writer, timer_sets=[
+        DueTimer("a", "late", "watermark", 500), DueTimer("b", "early", "watermark", 300),
+        DueTimer("c", "wall", "wall", 100)]))
+    store.commit_shard(make_commit(1, 0, writer, shard=1, timer_sets=[DueTimer("a", "x", "watermark", 400)]))
+    assert store.watermark_holds(C) == [300]
+    assert store.next_wall_timer(C) == 100
+    store.commit_shard(make_commit(2, 1, writer, timer_deletes=[("b", "early"), ("c", "wall")]))
+    assert store.watermark_holds(C) == [400]
+    assert store.next_wall_timer(C) is None
+
+
+def test_shards_with_due_timers(store: Any) -> None:
+    store.register(C, 3)
+    writer = store.acquire_writer(C)
+    for shard, timer in ((0, DueTimer("a", "t", "watermark", 100)), (1, DueTimer("b", "t", "watermark", 1000)),
+                         (2, DueTimer("c", "t", "wall", 50))):
+        store.commit_shard(make_commit(1, 0, writer, shard=shard, timer_sets=[timer]))
+    assert store.shards_with_due_timers(C, 99, 49) == []
+    assert store.shards_with_due_timers(C, 100, 0) == [0]
+    assert store.shards_with_due_timers(C, 100, 50) == [0, 2]
+    assert store.shards_with_due_timers(C, 1000, 50) == [0, 1, 2]
+    assert store.shards_with_due_timers(C, 10**6, 10**6) == [0, 1, 2]  # a watermark never fires a wall timer
+    assert store.shards_with_due_timers(C, 0, 10**6) == [2]
+
+
+# -- opening stores ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url, what, got, hint", [
+    (42, "A store is named by a URL string", "42", "pass store='sqlite:///headrace.db'"),
+    ("mysql://db/x", "Unknown store URL scheme", "'mysql://db/x'", "use sqlite:///path/file.db"),
+    ("headrace.db", "Unknown store URL scheme", "'headrace.db'", "use sqlite:///path/file.db"),
+    ("sqlite://", "A SQLite store URL needs a file path", "'sqlite://'",
+     "write sqlite:///relative/file.db or sqlite:////absolute/file.db"),
+    ("sqlite://host/x.db", "A SQLite store URL needs a file path", "'sqlite://host/x.db'",
+     "write sqlite:///relative/file.db or sqlite:////absolute/file.db"),
+    ("sqlite:///?synchronous=FULL", "A SQLite store URL needs a file path", "'sqlite:///?synchronous=FULL'",
+     "write sqlite:///relative/file.db or sqlite:////absolute/file.db"),
+    ("sqlite:///x.db?synchronous=sometimes", "Unknown SQLite store option", "'synchronous=sometimes'",
+     "the one option is synchronous=OFF|NORMAL|FULL|EXTRA"),
+    ("sqlite:///x.db?cache=shared", "Unknown SQLite store option", "'cache=shared'",
+     "the one option is synchronous=OFF|NORMAL|FULL|EXTRA"),
+])
+def test_open_store_refuses_bad_urls(url: Any, what: str, got: str, hint: str) -> None:
+    with pytest.raises(OptionError, match=f"^{re.escape(f'{what} (got {got}). Hint: {hint}')}$"):
+        open_store(url)
+
+
+def test_open_store_refuses_postgresql_until_it_exists() -> None:  # delete once the PostgreSQL store lands
+    expected = ("The PostgreSQL store is not available in this version (got 'postgresql://u@h/db'). "
+                "Hint: use the embedded default, store='sqlite:///headrace.db'")
+    with pytest.raises(OptionError, match=f"^{re.escape(expected)}$"):
+        open_store("postgresql://u@h/db")
+
+
+def test_a_store_reopened_on_its_url_sees_everything(store: Any, reopen: Any, writer: int) -> None:
+    store.commit_shard(full_commit(writer))
+    store.complete_batch(C, 1, 40, 30, writer)
+    again = reopen()
+    assert again.url == store.url
+    assert view(again) == view(store)
