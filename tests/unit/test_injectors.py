@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from headrace import injectors
+from headrace.errors import OptionError
+from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
+
+
+def drain(injector: injectors.Injector, resume: str | None = None) -> list[injectors.InjectedBatch]:
+    return list(injector.batches(resume))
+
+
+def test_a_list_gets_an_exact_low_watermark_the_oldest_timestamp_not_yet_injected() -> None:
+    values = [{"ts": t} for t in (50, 10, 40, 30, 20, 60)]
+    batches = drain(injectors.records(values, timestamp="ts", batch_size=2))
+    assert [[ts for _, ts, _ in b.records] for b in batches] == [[50, 10], [40, 30], [20, 60], []]
+    assert [b.watermark for b in batches] == [20, 20, END_OF_TIME, END_OF_TIME]
+    for b, nxt in zip(batches, batches[1:]):
+        assert all(ts >= b.watermark for _, ts, _ in nxt.records), "a later record is behind a published watermark"
+
+
+def test_an_iterator_promises_only_max_delay_behind_the_newest_record() -> None:
+    values = [{"ts": t} for t in (100, 90, 300, 250, 120)]
+    batches = drain(injectors.records(lambda: iter(values), timestamp="ts", batch_size=2, max_delay_ms=60))
+    assert [b.watermark for b in batches] == [40, 240, END_OF_TIME]
+
+
+def test_resuming_from_a_checkpoint_skips_what_was_published() -> None:
+    values = [{"ts": t} for t in range(10)]
+    first = drain(injectors.records(values, timestamp="ts", batch_size=4))
+    resumed = drain(injectors.records(values, timestamp="ts", batch_size=4), resume=first[0].checkpoint)
+    assert [ts for b in resumed for _, ts, _ in b.records] == list(range(4, 10))
+
+
+def test_generator_is_a_function_of_the_index_and_bounded_by_count() -> None:
+    gen = injectors.generator(lambda i: {"n": i, "ts": 1000 + i}, count=5, timestamp="ts", batch_size=2)
+    batches = drain(gen)
+    assert [v["n"] for b in batches for v, _, _ in b.records] == [0, 1, 2, 3, 4]
+    assert batches[-1].watermark == END_OF_TIME
+    again = drain(injectors.generator(lambda i: {"n": i, "ts": 1000 + i}, count=5, timestamp="ts", batch_size=2),
+                  resume=batches[0].checkpoint)
+    assert [v["n"] for b in again for v, _, _ in b.records] == [2, 3, 4]
+
+
+def test_a_record_without_its_timestamp_field_is_refused_with_the_record_named() -> None:
+    with pytest.raises(OptionError, match=re.escape(
+            "Injected record has no timestamp field 'ts' (got {'when': 5}). "
+            "Hint: fix the record, or pass timestamp=<field name or function>")):
+        drain(injectors.records([{"when": 5}], timestamp="ts"))
+
+
+def test_bad_batch_size_and_format_are_refused() -> None:
+    with pytest.raises(OptionError, match=re.escape(
+            "An injector's batch_size must be at least 1 (got 0). Hint: e.g. batch_size=1000")):
+        injectors.records([], batch_size=0)
+    with pytest.raises(OptionError, match=re.escape(
+            "Unknown file format (got 'xml'). Hint: use format='jsonl', 'csv' or 'text'")):
+        injectors.files("/tmp", format="xml")
+
+
+def test_files_watermark_is_the_oldest_creation_time_among_unfinished_files(tmp_path: Path) -> None:
+    stamps = {"a.jsonl": 1_000, "b.jsonl": 2_000, "c.jsonl": 3_000}
+    for name, mtime in stamps.items():
+        (tmp_path / name).write_text("\n".join(json.dumps({"file": name, "ts": mtime + i}) for i in range(3)))
+        os.utime(tmp_path / name, (mtime, mtime))
+    batches = drain(injectors.files(str(tmp_path), timestamp="ts", bounded=True))
+    assert [b.records[0][0]["file"] for b in batches[:3]] == ["a.jsonl", "b.jsonl", "c.jsonl"]
+    # after a.jsonl, b.jsonl (created at 2,000 s) is the oldest unfinished file
+    assert batches[0].watermark == 2_000_000 and batches[1].watermark == 3_000_000
+    assert batches[2].watermark >= int(time.time() * 1000) - 60_000  # none left: the clock
+    assert batches[-1].watermark == END_OF_TIME and batches[-1].records == []
+    assert batches[0].records[1][2] == "a.jsonl:1"  # ids are stable: file and line
+    resumed = drain(injectors.files(str(tmp_path), timestamp="ts", bounded=True), resume=batches[1].checkpoint)
+    assert [b.records[0][0]["file"] for b in resumed if b.records] == ["c.jsonl"]
+
+
+def test_csv_and_text_files(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("q,ts\ncats,5\ndogs,7\n")
+    csv_batches = drain(injectors.files(str(tmp_path), format="csv", timestamp=lambda v: int(v["ts"]), bounded=True))
+    assert [(v["q"], ts) for v, ts, _ in csv_batches[0].records] == [("cats", 5), ("dogs", 7)]
+    assert BEGINNING_OF_TIME < csv_batches[0].watermark
