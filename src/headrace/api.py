@@ -14,26 +14,30 @@ __all__ = ["run", "read", "watermarks"]
 
 def run(topology: Topology, store: str = "sqlite:///headrace.db", master: str = "local[*]", *,
         checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = sys.stderr,
-        timeout_s: float | None = None, spark: Any = None) -> Any:
+        timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     Returns a ``RunResult`` once every computation has drained, when all injectors are bounded;
     otherwise runs until stopped (Ctrl-C). Running again with the same store resumes.
+    ``retention_ms`` bounds how long committed segments of every stream are kept.
     """
     from .spark.runner import SparkRunner
 
     runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms,
-                         progress=progress, spark=spark).start()
+                         progress=progress, spark=spark, retention_ms=retention_ms).start()
     try:
         return runner.wait(timeout_s)
     finally:
         runner.stop()
 
 
-def read(stream: str, store: str = "sqlite:///headrace.db") -> list[Record]:
+def read(stream: str, store: str = "sqlite:///headrace.db", *, from_batch: int = 0,
+         since_ms: int | None = None) -> list[Record]:
     """The committed records of ``stream``, producer by producer, in batch order.
 
-    A record's ``key`` is the key its producer gave (``None`` when it gave none).
+    Replay part of it with ``from_batch`` (the producers' batches after it) or ``since_ms`` (the
+    batches completed at or after that time). A record's ``key`` is the key its producer gave
+    (``None`` when it gave none).
     """
     db = open_store(store)
     try:
@@ -42,8 +46,9 @@ def read(stream: str, store: str = "sqlite:///headrace.db") -> list[Record]:
             last = db.latest_batch(producer)
             if last is None:
                 continue
+            after = from_batch if since_ms is None else max(from_batch, db.batch_before(producer, since_ms))
             out.extend(Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
-                       for _, r in db.read_segments(stream, producer, 0, last.batch))
+                       for _, r in db.read_segments(stream, producer, after, last.batch))
         return out
     finally:
         db.close()

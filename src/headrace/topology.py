@@ -33,6 +33,14 @@ class Injection:
     source: Any
     options: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def producers(self) -> list[str]:
+        """The journal names this stream's injector publishes under: one per part."""
+        parts = getattr(self.source, "parts", None)
+        if parts is None:
+            return [f"inject:{self.stream}"]
+        return [f"inject:{self.stream}/{i}" for i in range(len(parts))]
+
 
 @dataclass(frozen=True)
 class ComputationSpec:
@@ -199,10 +207,11 @@ class Topology:
             ) from None
 
     def producers(self, stream: str) -> list[str]:
-        """Names of what writes ``stream``: computations, and ``inject:<stream>`` for an injector."""
+        """Names of what writes ``stream``: computations, and ``inject:<stream>`` (or one
+        ``inject:<stream>/<i>`` per part) for an injector."""
         names = [spec.name for spec in self.computations.values() if stream in spec.outputs]
         if stream in self.injections:
-            names.insert(0, f"inject:{stream}")
+            names[:0] = self.injections[stream].producers
         return names
 
     def consumers(self, stream: str) -> list[ComputationSpec]:

@@ -87,3 +87,31 @@ def test_a_computation_added_while_running_catches_up_from_the_beginning(spark: 
     totals = {r.value["bucket"]: {"searches": r.value["searches"], "queries": r.value["queries"]}
               for r in read("bucket_totals", store_url)}
     assert totals == oracle(events)["bucket_totals"]
+
+
+class CountAll(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = (ctx.state or 0) + 1
+
+
+def test_a_computation_added_from_now_skips_what_was_already_committed(spark: Any, store_url: str) -> None:
+    events = searches(2_000, seed=22)
+    t = Topology("from_now")
+    t.inject("searches", injectors.records(events, timestamp="ts", batch_size=50, rate=300))
+    t.add(CountAll, name="FromStart", inputs={"searches": key_by(lambda v: "all")})
+    runner = SparkRunner(t, store_url, spark=spark, trigger_ms=100).start()
+    try:
+        store = open_store(store_url)
+        deadline = time.time() + 120
+        while len(store.batches("inject:searches")) < 8:
+            assert time.time() < deadline and not runner.drained()
+            time.sleep(0.05)
+        already = sum(1 for b in store.batches("inject:searches")) * 50
+        t.add(CountAll, name="FromNow", inputs={"searches": key_by(lambda v: "all")})
+        runner.add("FromNow", start="now")
+        runner.wait(timeout_s=300)
+    finally:
+        runner.stop()
+    counts = {name: open_store(store_url).counters(name).get("records", 0) for name in ("FromStart", "FromNow")}
+    assert counts["FromStart"] == len(events)
+    assert counts["FromNow"] <= len(events) - already

@@ -86,3 +86,21 @@ def test_csv_and_text_files(tmp_path: Path) -> None:
     csv_batches = drain(injectors.files(str(tmp_path), format="csv", timestamp=lambda v: int(v["ts"]), bounded=True))
     assert [(v["q"], ts) for v, ts, _ in csv_batches[0].records] == [("cats", 5), ("dogs", 7)]
     assert BEGINNING_OF_TIME < csv_batches[0].watermark
+
+
+def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(tmp_path: Path) -> None:
+    from headrace import read
+    from headrace.engine import Production
+    from headrace.store import open_store
+
+    url = f"sqlite:///{tmp_path}/bus.db"
+    store = open_store(url)
+    for batch in (1, 2, 3):
+        store.publish("inject:s", batch, {"s": [Production("s", None, {"b": batch}, batch, f"id{batch}")]}, batch)
+        time.sleep(0.02)
+    times = [b.completed_at for b in store.batches("inject:s")]
+    assert [r.value["b"] for r in read("s", url)] == [1, 2, 3]
+    assert [r.value["b"] for r in read("s", url, from_batch=1)] == [2, 3]
+    assert [r.value["b"] for r in read("s", url, since_ms=times[2])] == [3]
+    assert store.trim_segments(times[1] + 1) == 2
+    assert [r.value["b"] for r in read("s", url)] == [3]

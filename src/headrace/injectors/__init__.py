@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, to_millis
 
-__all__ = ["records", "generator", "files", "InjectedBatch", "Injector"]
+__all__ = ["records", "generator", "files", "several", "InjectedBatch", "Injector", "Several"]
 
 
 @dataclass
@@ -175,3 +175,18 @@ def files(path: str, format: str = "jsonl", timestamp: Any = None, *, bounded: b
           pattern: str = "*", poll_s: float = 0.5) -> FilesInjector:
     """Inject every file in ``path`` (new ones as they appear, unless ``bounded``)."""
     return FilesInjector(path, format, timestamp, bounded, pattern, poll_s)
+
+
+class Several:
+    """One stream fed by several injectors at once (MillWheel's injector processes). Each part
+    publishes on its own with its own low watermark; consumers see the minimum over the parts."""
+
+    def __init__(self, parts: Sequence[Injector]):
+        if not parts or not all(isinstance(p, Injector) for p in parts):
+            raise OptionError("several() takes one or more injectors", got=list(parts),
+                              hint="e.g. injectors.several(injectors.files('/logs/a'), injectors.files('/logs/b'))")
+        self.parts = list(parts)
+
+
+def several(*parts: Injector) -> Several:
+    return Several(parts)

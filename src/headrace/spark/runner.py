@@ -11,27 +11,28 @@ from typing import Any, Callable, TextIO
 
 from ..engine.batch import Production
 from ..errors import HeadraceError, OptionError, UserCodeError
-from ..injectors import Injector, RecordsInjector
+from ..injectors import Injector, RecordsInjector, Several
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
-from ..topology import Topology
+from ..topology import Injection, Topology
+from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import ComputationQuery, QueryStats
 from .session import spark_session
 
 __all__ = ["SparkRunner", "RunResult"]
 
 
-def injector_producer(stream: str) -> str:
-    return f"inject:{stream}"
-
-
-def _as_injector(stream: str, source: Any) -> Injector:
+def _injectors(injection: Injection) -> list[Injector]:
+    source = injection.source
+    if isinstance(source, Several):
+        return source.parts
     if isinstance(source, Injector):
-        return source
+        return [source]
     if isinstance(source, (list, tuple)):
-        return RecordsInjector(list(source))
-    raise OptionError(f"Stream {stream!r} has a source headrace cannot inject", got=source,
-                      hint="use a list, headrace.injectors.records(...), .generator(...) or .files(...)")
+        return [RecordsInjector(list(source))]
+    raise OptionError(f"Stream {injection.stream!r} has a source headrace cannot inject", got=source,
+                      hint="use a list, injectors.records(...), .generator(...), .files(...), .several(...) "
+                           "or a streaming DataFrame")
 
 
 def _pickle_user_code_by_value(topology: Topology) -> None:
@@ -51,14 +52,18 @@ def _pickle_user_code_by_value(topology: Topology) -> None:
 
 
 class InjectorThread(threading.Thread):
-    def __init__(self, stream: str, injector: Injector, url: str, on_error: Callable[[BaseException], None]):
-        super().__init__(name=f"headrace-inject-{stream}", daemon=True)
+    def __init__(self, stream: str, producer: str, injector: Injector, url: str,
+                 on_error: Callable[[BaseException], None]):
+        super().__init__(name=f"headrace-{producer}", daemon=True)
         self.stream, self.injector, self.url, self.on_error = stream, injector, url, on_error
-        self.producer = injector_producer(stream)
+        self.producer = producer
         self.finished = threading.Event()
         self.stopping = threading.Event()
         self.watermark = BEGINNING_OF_TIME
         self.published = 0
+
+    def stop(self) -> None:
+        self.stopping.set()
 
     def run(self) -> None:
         store = open_store(self.url)
@@ -97,7 +102,7 @@ class SparkRunner:
 
     def __init__(self, topology: Topology, store: str = "sqlite:///headrace.db", master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
-                 progress_every_s: float = 5.0, spark: Any = None):
+                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None):
         self.topology = topology
         self.url = open_store(store).url  # validates the URL early
         self.master = master
@@ -109,8 +114,10 @@ class SparkRunner:
         self.progress = progress
         self.progress_every_s = progress_every_s
         self.spark = spark
+        self.retention_ms = retention_ms
+        self._last_trim = 0.0
         self.queries: dict[str, ComputationQuery] = {}
-        self.injectors: dict[str, InjectorThread] = {}
+        self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
         self._started = 0.0
 
@@ -122,20 +129,33 @@ class SparkRunner:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
         _pickle_user_code_by_value(self.topology)
         for stream, injection in self.topology.injections.items():
-            thread = InjectorThread(stream, _as_injector(stream, injection.source), self.url, self.errors.append)
-            self.injectors[stream] = thread
-            thread.start()
+            if is_streaming_dataframe(injection.source):
+                producer = injection.producers[0]
+                df_injector = DataFrameInjector(injection, producer, self.url, self.checkpoint_root, self.trigger_ms)
+                self.injectors[producer] = df_injector
+                df_injector.start()
+                continue
+            for producer, injector in zip(injection.producers, _injectors(injection)):
+                thread = InjectorThread(stream, producer, injector, self.url, self.errors.append)
+                self.injectors[producer] = thread
+                thread.start()
         for spec in self.topology.computations.values():
             self.add(spec.name)
         return self
 
-    def add(self, name: str, start: str = "beginning") -> ComputationQuery:
-        """Start the query of computation ``name`` (already in the topology) without touching the others."""
-        if start not in ("beginning", "now"):
-            raise OptionError("A computation starts from 'beginning' or 'now'", got=start, hint="start='beginning'")
+    def add(self, name: str, start: str | int = "beginning") -> ComputationQuery:
+        """Start the query of computation ``name`` (already in the topology) without touching the others.
+
+        ``start``: ``"beginning"`` of its input streams, ``"now"``, or a time (ms since the epoch) to
+        replay the batches its producers completed from then on. It applies to a new computation;
+        a known one resumes from its Spark checkpoint.
+        """
+        if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
+            raise OptionError("A computation starts from 'beginning', 'now' or a time in ms since the epoch",
+                              got=start, hint="start='beginning'")
         spec = self.topology.computation(name)
         query = ComputationQuery(self.spark, self.topology, spec, self.url, self.checkpoint_root,
-                                 self.trigger_ms, start)
+                                 self.trigger_ms, str(start))
         query.start()
         self.queries[name] = query
         return query
@@ -158,6 +178,9 @@ class SparkRunner:
                                 hint="fix the source; the injector resumes from its last published batch") from exc
         for q in self.queries.values():
             q.check()
+        for i in self.injectors.values():
+            if isinstance(i, DataFrameInjector):
+                i.check()
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until drained (all injectors bounded), ``timeout_s`` passes, or Ctrl-C."""
@@ -168,6 +191,7 @@ class SparkRunner:
             if deadline is not None and time.time() > deadline:
                 raise TimeoutError(f"topology {self.topology.name!r} did not drain in {timeout_s} s: "
                                    + self.describe())
+            self.enforce_retention()
             if self.progress is not None and time.time() - last_report >= self.progress_every_s:
                 print(self.describe(), file=self.progress, flush=True)
                 last_report = time.time()
@@ -175,13 +199,24 @@ class SparkRunner:
         self.check()
         return self.result()
 
+    def enforce_retention(self, every_s: float = 10.0) -> int:
+        """Delete segments older than ``retention_ms`` (at most once every ``every_s``)."""
+        if self.retention_ms is None or time.time() - self._last_trim < every_s:
+            return 0
+        self._last_trim = time.time()
+        store = open_store(self.url)
+        try:
+            return store.trim_segments(int(time.time() * 1000) - self.retention_ms)
+        finally:
+            store.close()
+
     def result(self) -> RunResult:
         return RunResult(time.time() - self._started, {n: q.stats for n, q in self.queries.items()},
                          {s: t.published for s, t in self.injectors.items()})
 
     def stop(self) -> None:
-        for t in self.injectors.values():
-            t.stopping.set()
+        for injector in self.injectors.values():
+            injector.stop()
         for q in list(self.queries.values()):
             q.stop()
 
@@ -189,7 +224,7 @@ class SparkRunner:
 
     def watermarks(self) -> dict[str, tuple[int, int]]:
         """Per computation: (input low watermark, output low watermark); per injector: its watermark twice."""
-        marks = {injector_producer(s): (t.watermark, t.watermark) for s, t in self.injectors.items()}
+        marks = {p: (t.watermark, t.watermark) for p, t in self.injectors.items()}
         marks.update({n: (q.stats.input_watermark, q.stats.output_watermark) for n, q in self.queries.items()})
         return marks
 
@@ -197,6 +232,6 @@ class SparkRunner:
         parts = []
         for name, (inp, out) in self.watermarks().items():
             shown = "end" if out == END_OF_TIME else "start" if out == BEGINNING_OF_TIME else str(out)
-            batches = self.queries[name].stats.batches if name in self.queries else self.injectors[name[7:]].published
+            batches = self.queries[name].stats.batches if name in self.queries else self.injectors[name].published
             parts.append(f"{name}: wm={shown} {'batches' if name in self.queries else 'records'}={batches}")
         return "; ".join(parts)

@@ -52,7 +52,7 @@ class ControlPartition(InputPartition):
 
 class HeadraceSource(DataSource):
     """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
-    ``start`` (``beginning`` or ``now``)."""
+    ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time)."""
 
     @classmethod
     def name(cls) -> str:
@@ -88,7 +88,12 @@ class HeadraceReader(DataSourceStreamReader):
         return latest
 
     def initialOffset(self) -> dict:
-        batches = self._latest() if self.start == "now" else {p: 0 for p in self.producers}
+        if self.start == "now":
+            batches = self._latest()
+        elif self.start == "beginning":
+            batches = {p: 0 for p in self.producers}
+        else:  # replay from a time: every batch completed at or after it
+            batches = {p: self.store.batch_before(p, int(self.start)) for p in self.producers}
         return {"b": batches, "wall": 0}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:

@@ -198,6 +198,7 @@ class SQLiteStore:
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._check_sequencer(c)
+                self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
                 self._write_productions(c)
                 db.execute("COMMIT")
             except BaseException:
@@ -273,14 +274,24 @@ class SQLiteStore:
                 "output_watermark = MAX(output_watermark, ?) WHERE computation = ? AND shard = ?",
                 (c.batch, c.input_watermark, c.output_watermark, c.computation, c.shard))
         if cur.rowcount != 1:
+            self._raise_stale(c)
+
+    def _check_base_version(self, c: ShardCommit) -> None:
+        if c.exactly_once:
             row = self._db.execute("SELECT version FROM shards WHERE computation = ? AND shard = ?",
                                    (c.computation, c.shard)).fetchone()
-            raise StaleBatchError(
-                f"Shard {c.shard} of {c.computation!r} moved from version {c.base_version} to {row[0] if row else None} "
-                f"while batch {c.batch} ran",
-                got=c.batch,
-                hint="another attempt committed first; this attempt's outcome is discarded, re-read the shard",
-            )
+            if row is None or row[0] != c.base_version:
+                self._raise_stale(c)
+
+    def _raise_stale(self, c: ShardCommit) -> None:
+        row = self._db.execute("SELECT version FROM shards WHERE computation = ? AND shard = ?",
+                               (c.computation, c.shard)).fetchone()
+        raise StaleBatchError(
+            f"Shard {c.shard} of {c.computation!r} moved from version {c.base_version} to {row[0] if row else None} "
+            f"while batch {c.batch} ran",
+            got=c.batch,
+            hint="another attempt committed first; this attempt's outcome is discarded, re-read the shard",
+        )
 
     def committed_productions(self, computation: str, shard: int, batch: int) -> list[Production]:
         out: list[Production] = []
@@ -391,6 +402,16 @@ class SQLiteStore:
         return [BatchInfo(*r) for r in self._db.execute(
             "SELECT producer, MAX(batch), input_watermark, output_watermark, completed_at FROM batches "
             "GROUP BY producer ORDER BY producer")]
+
+    def trim_segments(self, older_than_ms: int) -> int:
+        """Retention: delete segments committed before ``older_than_ms``; returns how many went."""
+        return self._db.execute("DELETE FROM segments WHERE created_at < ?", (older_than_ms,)).rowcount
+
+    def batch_before(self, producer: str, time_ms: int) -> int:
+        """The last batch ``producer`` completed before ``time_ms`` (0 if none): where a replay from a time starts."""
+        row = self._db.execute("SELECT MAX(batch) FROM batches WHERE producer = ? AND completed_at < ?",
+                               (producer, time_ms)).fetchone()
+        return int(row[0] or 0)
 
     def stream_producers(self, stream: str) -> list[str]:
         return [r[0] for r in self._db.execute(

@@ -1,0 +1,117 @@
+"""A Spark streaming DataFrame as an injector: each micro-batch is published as one injector batch.
+
+The watermark policy is declared: ``timestamp`` names the event-time column, ``max_delay_ms``
+is how far behind the newest record a record may still arrive. Publishing is keyed by Spark's
+batch id, so a batch Spark replays after a crash is not published twice.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from ..engine.batch import Production
+from ..errors import OptionError
+from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from ..store import open_store
+from ..topology import Injection
+
+__all__ = ["DataFrameInjector", "is_streaming_dataframe"]
+
+_TS = "__headrace_ts"
+_OPTIONS = {"timestamp", "max_delay_ms", "id", "bounded"}
+
+
+def is_streaming_dataframe(source: Any) -> bool:
+    return getattr(source, "isStreaming", False) is True
+
+
+class DataFrameInjector:
+    def __init__(self, injection: Injection, producer: str, url: str, checkpoint_root: str, trigger_ms: int):
+        self.stream, self.df, self.producer, self.url = injection.stream, injection.source, producer, url
+        options = dict(injection.options)
+        unknown = sorted(set(options) - _OPTIONS)
+        if unknown:
+            raise OptionError(f"Stream {self.stream!r}: unknown DataFrame injector option {unknown[0]!r}",
+                              got=options[unknown[0]], hint=f"valid options are {sorted(_OPTIONS)}")
+        self.ts_column = options.get("timestamp")
+        if self.ts_column not in self.df.columns:
+            raise OptionError(f"Stream {self.stream!r} needs the DataFrame's event-time column as timestamp=",
+                              got=self.ts_column, hint=f"the columns are {self.df.columns}")
+        self.id_column = options.get("id")
+        self.max_delay_ms = int(options.get("max_delay_ms", 0))
+        self.bounded = bool(options.get("bounded", False))
+        self.checkpoint = os.path.join(checkpoint_root, f"inject-{self.stream}")
+        self.trigger_ms = trigger_ms
+        self.finished = threading.Event()
+        self.watermark = BEGINNING_OF_TIME
+        self.published = 0
+        self.query: Any = None
+        self._high: int | None = None
+
+    def start(self) -> None:
+        from pyspark.sql import functions as F
+
+        store = open_store(self.url)
+        last = store.latest_batch(self.producer)
+        saved = store.checkpoint(self.producer)
+        store.close()
+        if last is not None and last.output_watermark == END_OF_TIME:
+            self.watermark = END_OF_TIME
+            self.finished.set()
+            return
+        self._high = int(saved) if saved else None
+        ts = F.col(self.ts_column)
+        kind = dict(self.df.dtypes)[self.ts_column]
+        stamped = self.df.withColumn(_TS, F.unix_millis(ts) if kind.startswith("timestamp") else ts.cast("long"))
+        writer = stamped.writeStream.foreachBatch(self._publish).option("checkpointLocation", self.checkpoint)
+        writer = writer.trigger(availableNow=True) if self.bounded else \
+            writer.trigger(processingTime=f"{self.trigger_ms} milliseconds")
+        self.query = writer.queryName(f"headrace-inject-{self.stream}").start()
+        if self.bounded:
+            threading.Thread(target=self._finish_when_done, daemon=True, name=f"headrace-{self.producer}-end").start()
+
+    def _publish(self, df: Any, batch_id: int) -> None:
+        rows = [r.asDict(recursive=True) for r in df.collect()]
+        records = []
+        for n, row in enumerate(rows):
+            ts = row.pop(_TS)
+            if ts is None:
+                raise OptionError(f"Stream {self.stream!r} got a row with no {self.ts_column!r}", got=row,
+                                  hint="filter such rows out of the DataFrame, or fill the column")
+            self._high = ts if self._high is None or ts > self._high else self._high
+            rid = str(row[self.id_column]) if self.id_column else f"{self.producer}:{batch_id + 1}:{n}"
+            records.append(Production(self.stream, None, row, ts, rid))
+        watermark = BEGINNING_OF_TIME if self._high is None else self._high - self.max_delay_ms
+        store = open_store(self.url)
+        try:
+            store.publish(self.producer, batch_id + 1, {self.stream: records}, watermark,
+                          None if self._high is None else str(self._high))
+        finally:
+            store.close()
+        self.published += len(records)
+        self.watermark = max(self.watermark, watermark)
+
+    def _finish_when_done(self) -> None:
+        self.query.awaitTermination()
+        if self.query.exception() is not None:
+            return
+        store = open_store(self.url)
+        try:
+            last = store.latest_batch(self.producer)
+            store.publish(self.producer, (last.batch if last else 0) + 1, {}, END_OF_TIME, str(self._high))
+        finally:
+            store.close()
+        self.watermark = END_OF_TIME
+        self.finished.set()
+
+    def check(self) -> None:
+        if self.query is not None and self.query.exception() is not None:
+            raise OptionError(f"The streaming DataFrame injected as {self.stream!r} failed",
+                              got_text=str(self.query.exception()).splitlines()[0],
+                              hint="fix the source; it resumes from its Spark checkpoint")
+
+    def stop(self) -> None:
+        if self.query is not None and self.query.isActive:
+            self.query.stop()
