@@ -9,6 +9,7 @@ __all__ = [
     "InvalidKeyError",
     "UnknownStreamError",
     "UserCodeError",
+    "BadInputError",
     "FencedWriterError",
     "StaleBatchError",
     "StoreError",
@@ -60,6 +61,10 @@ class UnknownStreamError(HeadraceError, KeyError):
 
 class UserCodeError(HeadraceError):
     """User code raised; names the computation, key and record (or timer) that triggered it."""
+
+
+class BadInputError(HeadraceError):
+    """A record that cannot be decoded or keyed; names the computation, stream and record."""
 
 
 class StoreError(HeadraceError):

@@ -170,7 +170,8 @@ class ComputationOptions:
     - ``dedup``: discard records whose id was already seen (default on with exactly-once).
     - ``dedup_slack_ms``: how far behind the low watermark seen ids are kept before garbage collection.
     - ``shards``: number of key shards (MillWheel's key intervals).
-    - ``on_error``: user code that raises fails the batch (``"fail"``) or goes to a dead-letter stream.
+    - ``on_error``: user code that raises fails the batch (``"fail"``), or its record (or timer) goes,
+      with the error, to the stream ``<name>.dead_letter`` and everything that invocation did is undone.
     """
 
     codec: Codec = codec_named("pickle")

@@ -170,7 +170,10 @@ class Topology:
                 hint=f"write outputs=[{outputs!r}]",
             )
         outs = tuple(dict.fromkeys(check_name("stream", s) for s in outputs))
-        spec = ComputationSpec(label, cls, subscriptions, outs, ComputationOptions.from_kwargs(label, options))
+        parsed = ComputationOptions.from_kwargs(label, options)
+        if parsed.on_error == "dead_letter":
+            outs += (f"{label}.dead_letter",)
+        spec = ComputationSpec(label, cls, subscriptions, outs, parsed)
         self._refuse_cycle(spec)
         self.computations[label] = spec
         return spec

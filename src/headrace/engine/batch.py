@@ -48,7 +48,8 @@ class ShardBatch:
     ``watermark_before`` is the input low watermark records are judged late against;
     ``watermark_after`` is the input low watermark once this batch's records are in (timers due
     at or below it fire after every record of the batch). ``dedup_streams`` names the input
-    streams whose record ids must be checked against ids already seen.
+    streams whose record ids must be checked against ids already seen. ``rejected`` holds input
+    that could not be keyed or decoded; its value describes the error, for the dead-letter stream.
     """
 
     computation: str
@@ -60,6 +61,7 @@ class ShardBatch:
     wall_clock: int
     sequencer: int
     dedup_streams: frozenset[str] = frozenset()
+    rejected: list[InputRecord] = field(default_factory=list)  # bad input for the dead-letter stream
 
 
 @dataclass

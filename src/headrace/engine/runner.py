@@ -63,7 +63,7 @@ def run_shard_batch(
         productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
         return ShardResult(productions, txn.state, output_watermark=snapshot.output_watermark)
 
-    if not batch.records and not snapshot.due_timers:
+    if not batch.records and not batch.rejected and not snapshot.due_timers:
         return ShardResult([], txn.state, output_watermark=snapshot.output_watermark)  # nothing to do: no write
 
     is_duplicate = None

@@ -25,8 +25,8 @@ class KeyContext:
 
     __slots__ = (
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
-        "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_timer_sets", "_timer_deletes",
-        "_late_before", "late_productions",
+        "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
+        "timer_sets", "timer_deletes", "_late_before", "late_productions",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
@@ -37,8 +37,8 @@ class KeyContext:
         self._id_prefix = id_prefix
         self._seq = 0
         self._productions: list[Production] = []
-        self._timer_sets: dict[tuple[str, str], DueTimer] = {}
-        self._timer_deletes: set[tuple[str, str]] = set()
+        self.timer_sets: list[DueTimer] = []
+        self.timer_deletes: list[tuple[str, str]] = []
         self._late_before = late_before
         self.late_productions = 0
         self.key = ""
@@ -52,6 +52,40 @@ class KeyContext:
         self._value = _UNSET
         self._touched = False
         self._timers = timers
+        self._key_sets: dict[str, DueTimer] = {}
+        self._key_deletes: set[str] = set()
+
+    def fired(self, timer: DueTimer) -> None:
+        del self._timers[timer.tag]
+        self._key_sets.pop(timer.tag, None)
+        self._key_deletes.add(timer.tag)
+
+    def finish_key(self) -> tuple[str, bytes | None] | None:
+        """Close the key: collect its timer changes; return its state write, if any."""
+        self.timer_sets.extend(self._key_sets.values())
+        self.timer_deletes.extend((self.key, tag) for tag in sorted(self._key_deletes - self._key_sets.keys()))
+        return self.state_write()
+
+    def savepoint(self) -> tuple[Any, ...]:
+        """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
+        raw = self._raw if self._value is _UNSET else None if self._value is None else self._codec.encode(self._value)
+        return (raw, self._value is not _UNSET, self._touched, dict(self._timers), dict(self._key_sets),
+                set(self._key_deletes), len(self._productions), self.late_productions)
+
+    def rollback(self, point: tuple[Any, ...]) -> None:
+        raw, decoded, touched, timers, key_sets, key_deletes, produced, late = point
+        self._value = (None if raw is None else self._codec.decode(raw)) if decoded else _UNSET
+        self._touched = touched
+        self._timers.clear()
+        self._timers.update(timers)
+        self._key_sets, self._key_deletes = key_sets, key_deletes
+        del self._productions[produced:]
+        self.late_productions = late
+
+    def dead_letter(self, value: dict[str, Any], timestamp: int) -> None:
+        self._seq += 1
+        self._productions.append(Production(f"{self._owner}.dead_letter", self.key, value, timestamp,
+                                            f"{self._id_prefix}{self._seq}"))
 
     def state_write(self) -> tuple[str, bytes | None] | None:
         """The key's state write, if its state changed (assigned, or mutated in place)."""
@@ -84,14 +118,14 @@ class KeyContext:
             check_domain(domain)
         timer = DueTimer(self.key, str(tag), domain, timestamp)
         self._timers[timer.tag] = timer
-        self._timer_sets[(self.key, timer.tag)] = timer
-        self._timer_deletes.discard((self.key, timer.tag))
+        self._key_sets[timer.tag] = timer
+        self._key_deletes.discard(timer.tag)
 
     def delete_timer(self, tag: str) -> None:
         tag = str(tag)
         self._timers.pop(tag, None)
-        self._timer_sets.pop((self.key, tag), None)
-        self._timer_deletes.add((self.key, tag))
+        self._key_sets.pop(tag, None)
+        self._key_deletes.add(tag)
 
     def produce(self, stream: str, value: Any, timestamp: Any = None, key: str | None = None) -> None:
         if self._outputs is not None and stream not in self._outputs:
@@ -170,6 +204,11 @@ def process_shard(
     process_timer = computation.process_timer
     w_before, w_after, wall = batch.watermark_before, batch.watermark_after, batch.wall_clock
     deliver_late = options.late == "deliver"
+    dead_letters = options.on_error == "dead_letter"
+    for bad in batch.rejected:
+        ctx.bind(bad.key, None, {})
+        ctx.dead_letter(bad.value, bad.timestamp)
+        counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
     state_writes: list[tuple[str, bytes | None]] = []
     for key, group in by_key.items():
         timers = timers_by_key.get(key, {})
@@ -183,31 +222,40 @@ def process_shard(
                 counters["late_delivered"] += 1
             counters["records"] += 1
             ctx._timestamp = r.timestamp
+            point = ctx.savepoint() if dead_letters else None
             try:
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id))
             except Exception as exc:
-                raise _user_error(name, key, f"record {r.id!r} (timestamp {r.timestamp})", exc) from exc
+                what = f"record {r.id!r} (timestamp {r.timestamp})"
+                if point is None:
+                    raise _user_error(name, key, what, exc) from exc
+                ctx.rollback(point)
+                ctx.dead_letter(_dead_letter(name, key, what, exc, r.stream, r.value, r.id), r.timestamp)
+                counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
         ctx.low_watermark = w_after
         while timers:
             timer = _next_due(timers, w_after, wall)
             if timer is None:
                 break
-            del timers[timer.tag]
-            ctx._timer_deletes.add((key, timer.tag))
-            ctx._timer_sets.pop((key, timer.tag), None)
+            ctx.fired(timer)
             counters["timers_fired"] += 1
             ctx._timestamp = timer.timestamp
+            point = ctx.savepoint() if dead_letters else None
             try:
                 process_timer(ctx, Timer(timer.tag, timer.timestamp, timer.domain))
             except Exception as exc:
-                raise _user_error(name, key, f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}", exc) from exc
-        write = ctx.state_write()
+                what = f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}"
+                if point is None:
+                    raise _user_error(name, key, what, exc) from exc
+                ctx.rollback(point)
+                ctx.dead_letter(_dead_letter(name, key, what, exc, None, None, None), timer.timestamp)
+                counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
+        write = ctx.finish_key()
         if write is not None:
             state_writes.append(write)
 
     counters["late_productions"] = ctx.late_productions
-    pending_sets = list(ctx._timer_sets.values())
-    holds = [t.timestamp for t in pending_sets if t.domain == "watermark"]
+    holds = [t.timestamp for t in ctx.timer_sets if t.domain == "watermark"]
     return ShardCommit(
         computation=batch.computation,
         shard=batch.shard,
@@ -215,8 +263,8 @@ def process_shard(
         base_version=snapshot.version,
         sequencer=batch.sequencer,
         state_writes=state_writes,
-        timer_sets=pending_sets,
-        timer_deletes=sorted(ctx._timer_deletes - set(ctx._timer_sets)),
+        timer_sets=ctx.timer_sets,
+        timer_deletes=ctx.timer_deletes,
         seen_ids=seen_ids,
         forget_ids_before=_forget_before(w_after, options),
         productions=ctx._productions,
@@ -233,6 +281,12 @@ def _forget_before(watermark: int, options: ComputationOptions) -> int | None:
     if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
         return None
     return watermark - options.dedup_slack_ms
+
+
+def _dead_letter(name: str, key: str, what: str, exc: Exception, stream: str | None, value: Any,
+                 record_id: str | None) -> dict[str, Any]:
+    return {"computation": name, "key": key, "at": what, "stream": stream, "record_id": record_id,
+            "value": value, "error": f"{type(exc).__name__}: {exc}"}
 
 
 def _user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:

@@ -30,6 +30,17 @@ class InjectedBatch:
     checkpoint: str
 
 
+LATEST_SANE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+
+def _sane(ts: int, value: Any) -> int:
+    if not 0 <= ts <= LATEST_SANE_MS:
+        raise OptionError("Injected record has an absurd timestamp", got_text=f"{ts} in {value!r}",
+                          hint="timestamps are integer milliseconds since the Unix epoch (1970 to 9999): "
+                               "were these seconds, microseconds or nanoseconds?")
+    return ts
+
+
 def _timestamp_of(timestamp: str | Callable[[Any], Any] | None) -> Callable[[Any], int]:
     if timestamp is None:
         return lambda value: int(time.time() * 1000)
@@ -42,10 +53,10 @@ def _timestamp_of(timestamp: str | Callable[[Any], Any] | None) -> Callable[[Any
             except (KeyError, TypeError, IndexError):
                 raise OptionError(f"Injected record has no timestamp field {field!r}", got=value,
                                   hint="fix the record, or pass timestamp=<field name or function>") from None
-            return to_millis(raw, f"timestamp field {field!r}")
+            return _sane(to_millis(raw, f"timestamp field {field!r}"), value)
         return by_field
     if callable(timestamp):
-        return lambda value: to_millis(timestamp(value), "injected timestamp")
+        return lambda value: _sane(to_millis(timestamp(value), "injected timestamp"), value)
     raise OptionError("An injector's timestamp must be a field name, a function or None", got=timestamp,
                       hint="e.g. timestamp='ts' or timestamp=lambda v: v['time']")
 

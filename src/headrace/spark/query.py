@@ -21,11 +21,13 @@ import pyarrow as pa
 
 from ..engine import DedupCache, InputRecord, ShardBatch, run_shard_batch, shard_of
 from ..engine.watermark import output_low_watermark
-from ..errors import InvalidKeyError, UserCodeError
+from ..errors import BadInputError, UserCodeError
 from ..model import BEGINNING_OF_TIME, ComputationOptions, KeyExtractor
 from ..store import Store, open_store
 from ..topology import ComputationSpec, Topology
 from .source import CONTROL, RECORD
+
+REJECTED = 2
 
 __all__ = ["ComputationQuery", "QueryStats"]
 
@@ -51,26 +53,44 @@ def worker_store(url: str) -> Store:
     return store
 
 
-def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: int) -> Callable[..., Iterator[pa.RecordBatch]]:
+def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: int,
+                 dead_letters: bool) -> Callable[..., Iterator[pa.RecordBatch]]:
+    """Key every record for this consumer. Input that cannot be decoded or keyed fails the batch
+    with an error naming it, or, with ``on_error="dead_letter"``, goes to shard 0 as a rejected row."""
     def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         loads = pickle.loads
         for rb in batches:
             cols = {name: rb.column(name).to_pylist() for name in rb.schema.names}
             out: dict[str, list[Any]] = {name: [] for name in KEYED_SCHEMA.names}
+
+            def emit(i: int, **override: Any) -> None:
+                for name in KEYED_SCHEMA.names:
+                    out[name].append(override[name] if name in override else cols[name][i])
+
             for i, kind in enumerate(cols["kind"]):
                 if kind == CONTROL:
                     for shard in range(shards):
-                        for name in KEYED_SCHEMA.names:
-                            out[name].append(shard if name == "shard" else cols[name][i])
+                        emit(i, shard=shard)
                     continue
-                stream, value = cols["stream"][i], cols["value"][i]
+                stream, rid = cols["stream"][i], cols["id"][i]
+                stage = "decoding it"
                 try:
-                    key = extractors[stream](loads(value))
-                except InvalidKeyError as exc:
-                    raise InvalidKeyError(f"{exc.what} for record {cols['id'][i]!r} of stream {stream!r} "
-                                          f"consumed by {computation!r}", got=exc.got, hint=exc.hint) from None
-                for name in KEYED_SCHEMA.names:
-                    out[name].append(key if name == "key" else shard_of(key, shards) if name == "shard" else cols[name][i])
+                    value = loads(cols["value"][i])
+                    stage = "extracting its key with " + extractors[stream].description
+                    key = extractors[stream](value)
+                except Exception as exc:
+                    cause = f"{type(exc).__name__}: {exc}"
+                    if not dead_letters:
+                        raise BadInputError(
+                            f"Computation {computation!r} cannot take record {rid!r} of stream {stream!r}: "
+                            f"failed {stage}", got_text=cause,
+                            hint="fix the record or the key extractor, or add the computation with "
+                                 "on_error='dead_letter' to route such records aside") from None
+                    letter = {"computation": computation, "key": None, "at": f"failed {stage}", "stream": stream,
+                              "record_id": rid, "value": cols["value"][i], "error": cause}
+                    emit(i, kind=REJECTED, key="", value=pickle.dumps(letter), shard=0)
+                    continue
+                emit(i, key=key, shard=shard_of(key, shards))
             yield pa.RecordBatch.from_pydict(out, schema=KEYED_SCHEMA)
     return extract
 
@@ -87,11 +107,15 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
         cols = {n: table.column(n).to_pylist() for n in KEYED_SCHEMA.names}
         loads = pickle.loads
         per_shard: dict[int, list[InputRecord]] = {}
+        rejected: dict[int, list[InputRecord]] = {}
         control: dict[int, tuple[int, int, int]] = {}
         for i, kind in enumerate(cols["kind"]):
             shard = cols["shard"][i]
             if kind == CONTROL:
                 control[shard] = (cols["wm_before"][i], cols["wm_after"][i], cols["wall"][i])
+            elif kind == REJECTED:
+                rejected.setdefault(shard, []).append(InputRecord(
+                    cols["stream"][i], "", loads(cols["value"][i]), cols["timestamp"][i], cols["id"][i]))
             else:
                 per_shard.setdefault(shard, []).append(InputRecord(
                     cols["stream"][i], cols["key"][i], loads(cols["value"][i]), cols["timestamp"][i], cols["id"][i]))
@@ -101,7 +125,7 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
         for shard in sorted(control):
             wm_before, wm_after, wall = control[shard]
             batch = ShardBatch(name, shard, batch_no, per_shard.get(shard, []), wm_before, wm_after, wall,
-                               sequencer, dedup_streams)
+                               sequencer, dedup_streams, rejected.get(shard, []))
             result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP)
             rows["shard"].append(shard)
             rows["outcome"].append(result.state.value)
@@ -168,7 +192,8 @@ class ComputationQuery:
         began = time.perf_counter()
         spec, batch_no = self.spec, batch_id + 1
         shards = spec.options.shards
-        keyed = df.mapInArrow(make_extract(spec.name, dict(spec.inputs), shards), KEYED_DDL)
+        keyed = df.mapInArrow(make_extract(spec.name, dict(spec.inputs), shards,
+                                           spec.options.on_error == "dead_letter"), KEYED_DDL)
         results = (keyed.repartition(shards, "shard")
                    .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams),
                                RESULT_DDL)
