@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from headrace import read, run
+from headrace.store import open_store
+
+from .zombie_topology import EVENTS, build
+
+
+def test_a_second_driver_takes_over_and_every_write_of_the_first_is_refused(spark: Any, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/store.db"
+    checkpoints, signals = tmp_path / "checkpoints", tmp_path / "signals"
+    signals.mkdir()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("HEADRACE_TEST_STALL_DIR", None)
+    zombie = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zombie_topology.py")), store,
+                               str(checkpoints), str(signals)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (signals / "stalled").exists():
+            assert zombie.poll() is None, f"the first driver ended early: {zombie.stderr.read() if zombie.stderr else ''}"
+            assert time.time() < deadline, "the first driver never reached its stall point"
+            time.sleep(0.1)
+        first_sequencer = open_store(store).sequencer("Counter")
+
+        # the second driver: same topology, store and checkpoints; it takes over and finishes
+        run(build(), store=store, spark=spark, checkpoint_dir=str(checkpoints), progress=None, timeout_s=300)
+        assert open_store(store).sequencer("Counter") == first_sequencer + 1
+        before = {r.id: r.value for r in read("counts", store)}
+        versions = open_store(store).shard_versions("Counter")
+
+        (signals / "resume").touch()
+        _, err = zombie.communicate(timeout=240)
+    finally:
+        if zombie.poll() is None:
+            zombie.kill()
+    assert zombie.returncode == 3, err
+    assert (f"headrace.errors.FencedWriterError: Writer of 'Counter' with sequencer {first_sequencer} was fenced "
+            f"off: the store's sequencer is {first_sequencer + 1}") in err, err
+    # nothing the zombie attempted after the takeover is visible
+    assert {r.id: r.value for r in read("counts", store)} == before
+    assert open_store(store).shard_versions("Counter") == versions
+    assert {v["user"]: v["n"] for v in before.values()} == dict(Counter(e["user"] for e in EVENTS))
