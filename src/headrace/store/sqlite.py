@@ -49,6 +49,9 @@ CREATE TABLE IF NOT EXISTS counters(
 """
 
 
+WEAK_SLOT = 1 << 20  # segment slots of weak-production resends: shard + k * WEAK_SLOT (shards < WEAK_SLOT)
+
+
 def _now() -> int:
     return int(time.time() * 1000)
 
@@ -199,7 +202,7 @@ class SQLiteStore:
             try:
                 self._check_sequencer(c)
                 self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
-                self._write_productions(c)
+                self._write_productions(c, resend=True)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
@@ -252,15 +255,25 @@ class SQLiteStore:
                 hint="a newer driver took over this computation; this process is a zombie and must stop",
             )
 
-    def _write_productions(self, c: ShardCommit) -> None:
+    def _write_productions(self, c: ShardCommit, resend: bool = False) -> None:
+        """Strong: the batch's segment, in the shard's commit. Weak (``resend``): sent ahead of the
+        commit and never taken back, so every attempt of the batch adds its own segment
+        (slot ``shard + k * WEAK_SLOT``), as MillWheel's weak productions reach consumers before the
+        checkpoint: a retried attempt sends again, and a non-deterministic one sends something else."""
         by_stream: dict[str, list[Production]] = {}
         for p in c.productions:
             by_stream.setdefault(p.stream, []).append(p)
         now = _now()
-        self._db.executemany(
-            "INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(s, c.computation, c.batch, c.shard, len(ps), _encode(ps), now) for s, ps in by_stream.items()],
-        )
+        rows = []
+        for stream, ps in by_stream.items():
+            slot = c.shard
+            if resend:
+                sent = self._db.execute(
+                    "SELECT COUNT(*) FROM segments WHERE stream = ? AND producer = ? AND batch = ? AND shard % ? = ?",
+                    (stream, c.computation, c.batch, WEAK_SLOT, c.shard)).fetchone()[0]
+                slot += WEAK_SLOT * sent
+            rows.append((stream, c.computation, c.batch, slot, len(ps), _encode(ps), now))
+        self._db.executemany("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
     def _advance_version(self, c: ShardCommit) -> None:
         if c.exactly_once:
