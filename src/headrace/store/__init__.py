@@ -6,6 +6,7 @@ from urllib.parse import parse_qs, urlparse
 
 from ..errors import OptionError
 from .base import COMMIT_STEPS, BatchInfo, Store, StoredRecord
+from .failpoints import failpoint_from_env
 from .sqlite import SQLiteStore
 
 __all__ = ["open_store", "Store", "SQLiteStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
@@ -27,7 +28,7 @@ def open_store(url: str) -> Store:
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA") or options:
             raise OptionError("Unknown SQLite store option", got=parsed.query,
                               hint="the one option is synchronous=OFF|NORMAL|FULL|EXTRA")
-        return SQLiteStore(path, synchronous=sync)
+        return SQLiteStore(path, synchronous=sync, failpoint=failpoint_from_env())
     if parsed.scheme in ("postgresql", "postgres"):
         raise OptionError("The PostgreSQL store is not available in this version", got=url,
                           hint="use the embedded default, store='sqlite:///headrace.db'")

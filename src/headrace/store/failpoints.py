@@ -1,0 +1,47 @@
+"""Failpoints from the environment, for chaos tests that must kill a process mid-commit.
+
+``HEADRACE_FAILPOINTS="before_commit=sleep:200:/tmp/marks"`` makes every store opened in this
+process (and in Spark's Python workers, which inherit the environment) sleep 200 ms at that
+commit step, with a file ``/tmp/marks/<pid>`` present while it sleeps, so a chaos monkey can
+SIGKILL a process that is provably inside a transaction. Several ``step=...`` go with ``;``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from ..errors import OptionError
+from .base import COMMIT_STEPS
+
+__all__ = ["failpoint_from_env"]
+
+
+def failpoint_from_env(value: str | None = None) -> Callable[[str], None] | None:
+    spec = os.environ.get("HEADRACE_FAILPOINTS", "") if value is None else value
+    if not spec:
+        return None
+    actions: dict[str, tuple[float, str | None]] = {}
+    for part in spec.split(";"):
+        step, _, action = part.partition("=")
+        kind, _, rest = action.partition(":")
+        ms, _, mark_dir = rest.partition(":")
+        if step not in COMMIT_STEPS or kind != "sleep" or not ms.isdigit():
+            raise OptionError("HEADRACE_FAILPOINTS entries read step=sleep:MS[:MARK_DIR]", got=part,
+                              hint=f"steps are {list(COMMIT_STEPS)}")
+        actions[step] = (int(ms) / 1000, mark_dir or None)
+
+    def failpoint(step: str) -> None:
+        action = actions.get(step)
+        if action is None:
+            return
+        seconds, mark_dir = action
+        mark = os.path.join(mark_dir, str(os.getpid())) if mark_dir else None
+        if mark:
+            open(mark, "w").close()
+        time.sleep(seconds)
+        if mark:
+            os.unlink(mark)
+
+    return failpoint

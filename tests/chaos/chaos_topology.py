@@ -1,0 +1,74 @@
+"""The pipeline the chaos suite kills: an injector and three computations, one of them
+non-deterministic (random numbers and the wall clock).
+
+As a script it is one driver life: ``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from typing import Any
+
+from headrace import Computation, Topology, injectors, key_by
+
+BASE = 1_700_000_000_000
+USERS = [f"user-{i}" for i in range(12)]
+
+
+def events(n: int) -> list[dict[str, Any]]:
+    rng = random.Random(99)
+    out = [{"user": rng.choice(USERS), "n": i, "ts": BASE + i * 7 + rng.randrange(50)} for i in range(n)]
+    out.sort(key=lambda e: e["ts"] + rng.randrange(200))
+    return out
+
+
+class Tagger(Computation):
+    """Non-deterministic: tags each record with a random number and the wall clock; remembers them."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        tag = random.random()
+        ctx.state = {**(ctx.state or {}), record.value["n"]: tag}
+        ctx.produce("tagged", {**record.value, "tag": tag, "at": time.time()})
+
+
+class Collector(Computation):
+    """Keyed differently (by n's parity and user): collects what Tagger sent; reports at the end."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = {**(ctx.state or {}), record.value["n"]: record.value["tag"]}
+        ctx.set_timer("end", 2**62)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        ctx.produce("collected", {"group": ctx.key, "tags": ctx.state})
+
+
+class Windows(Computation):
+    """Per 100 ms bucket of event time: how many records, emitted by a watermark timer."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = (ctx.state or 0) + 1
+        ctx.set_timer("close", int(ctx.key) + 100)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        ctx.produce("windows", {"bucket": int(ctx.key), "count": ctx.state})
+        ctx.state = None
+
+
+def build(n: int, productions: str = "strong", rate: float = 400) -> Topology:
+    t = Topology("chaos")
+    t.inject("events", injectors.records(events(n), timestamp="ts", batch_size=40, rate=rate))
+    t.add(Tagger, inputs={"events": key_by("user")}, outputs=["tagged"], productions=productions, shards=3)
+    t.add(Collector, inputs={"tagged": key_by(lambda v: f"{v['user']}/{v['n'] % 2}")}, outputs=["collected"], shards=2)
+    t.add(Windows, inputs={"tagged": key_by(lambda v: str(v["ts"] - v["ts"] % 100))}, outputs=["windows"], shards=2)
+    return t
+
+
+if __name__ == "__main__":
+    from headrace import run
+
+    store, checkpoints, productions, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    run(build(n, productions), store=store, master="local[2,100]", checkpoint_dir=checkpoints, progress=None,
+        trigger_ms=100)
+    print("drained", flush=True)

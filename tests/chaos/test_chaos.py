@@ -1,0 +1,190 @@
+"""Kill the driver, a Python worker, or a worker inside a store transaction, at random, many
+times; restart; the outputs must equal the oracle exactly.
+
+CI runs a short version (`-m "not slow"`); the long one: `scripts/test --long tests/chaos`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace import read
+from headrace.model import END_OF_TIME
+from headrace.store import open_store
+
+from .chaos_topology import USERS, events
+
+SCRIPT = Path(__file__).with_name("chaos_topology.py")
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def descendants(pid: int) -> list[int]:
+    found, stack = [], [pid]
+    while stack:
+        for child in children(stack.pop()):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def python_workers(driver: int) -> list[int]:
+    return [p for p in descendants(driver) if "pyspark.daemon" not in cmdline(p) and "python" in cmdline(p)
+            and p != driver and "java" not in cmdline(p)]
+
+
+class Monkey:
+    def __init__(self, tmp: Path, productions: str, n: int, seed: int):
+        self.store = f"sqlite:///{tmp}/store.db"
+        self.checkpoints = str(tmp / "checkpoints")
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        self.productions, self.n = productions, n
+        self.rng = random.Random(seed)
+        self.kills: Counter[str] = Counter()
+        self.driver: subprocess.Popen[str] | None = None
+        self.log = open(tmp / "drivers.log", "a")
+
+    def start_driver(self) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+               "HEADRACE_FAILPOINTS": f"before_commit=sleep:150:{self.marks}"}
+        self.driver = subprocess.Popen([sys.executable, str(SCRIPT), self.store, self.checkpoints, self.productions,
+                                        str(self.n)], env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                       start_new_session=True)
+        return self.driver
+
+    def drained(self) -> bool:
+        if not Path(self.store[len("sqlite:///"):]).exists():
+            return False
+        heads = {b.producer: b for b in open_store(self.store).journal_heads()}
+        return all(name in heads and heads[name].input_watermark == END_OF_TIME
+                   for name in ("Tagger", "Collector", "Windows"))
+
+    def kill_driver(self) -> None:
+        assert self.driver is not None
+        os.killpg(self.driver.pid, signal.SIGKILL)
+        self.driver.wait()
+        self.kills["driver"] += 1
+
+    def kill_worker(self) -> bool:
+        assert self.driver is not None
+        workers = python_workers(self.driver.pid)
+        if not workers:
+            return False
+        os.kill(self.rng.choice(workers), signal.SIGKILL)
+        self.kills["python worker"] += 1
+        return True
+
+    def kill_mid_commit(self, wait_s: float = 5.0) -> bool:
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            for mark in self.marks.iterdir():
+                try:
+                    os.kill(int(mark.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    continue
+                finally:
+                    mark.unlink(missing_ok=True)
+                self.kills["store client mid-commit"] += 1
+                return True
+            time.sleep(0.01)
+        return False
+
+    def run(self, kills: int, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        self.start_driver()
+        time.sleep(12)  # let the first driver get going before the first kill
+        while sum(self.kills.values()) < kills and not self.drained():
+            assert time.time() < deadline, f"chaos ran out of time after {dict(self.kills)}"
+            if self.driver is None or self.driver.poll() is not None:
+                self.start_driver()
+                time.sleep(8)
+                continue
+            kind = self.rng.choice(["driver", "worker", "commit", "commit"])
+            if kind == "driver":
+                self.kill_driver()
+                self.start_driver()
+                time.sleep(self.rng.uniform(6, 10))
+            elif kind == "worker":
+                self.kill_worker()
+                time.sleep(self.rng.uniform(0.5, 2))
+            else:
+                self.kill_mid_commit()
+                time.sleep(self.rng.uniform(0.3, 1.5))
+        while not self.drained():  # no more kills: let it finish, restarting a driver that died
+            assert time.time() < deadline, f"chaos never drained after {dict(self.kills)}"
+            if self.driver is None or self.driver.poll() is not None:
+                self.start_driver()
+            time.sleep(1)
+        if self.driver is not None and self.driver.poll() is None:
+            self.driver.wait(timeout=120)
+        print(f"chaos: survived {sum(self.kills.values())} kills: {dict(self.kills)}")
+
+    def check_against_oracle(self) -> None:
+        data = events(self.n)
+        windows = {r.value["bucket"]: r.value["count"] for r in read("windows", self.store)}
+        assert len(read("windows", self.store)) == len(windows), "a window was emitted twice"
+        assert windows == dict(Counter(e["ts"] - e["ts"] % 100 for e in data))
+        tagged = read("tagged", self.store)
+        assert sorted(r.value["n"] for r in tagged) == sorted(e["n"] for e in data), "tagged lost or doubled"
+        store = open_store(self.store)
+        remembered = {}
+        for user in USERS:
+            raw = store.state("Tagger", user)
+            remembered.update(pickle.loads(raw) if raw else {})
+        collected = {}
+        for r in read("collected", self.store):
+            collected.update(r.value["tags"])
+        # what Tagger remembers, what it sent and what Collector received are one and the same draw
+        assert collected == remembered == {r.value["n"]: r.value["tag"] for r in tagged}
+
+
+def chaos(tmp_path: Path, kills: int, n: int, productions: str = "strong", seed: int = 7) -> Monkey:
+    monkey = Monkey(tmp_path, productions, n, seed)
+    try:
+        monkey.run(kills, timeout_s=60 * 25)
+    finally:
+        if monkey.driver is not None and monkey.driver.poll() is None:
+            os.killpg(monkey.driver.pid, signal.SIGKILL)
+    return monkey
+
+
+def test_chaos_short(tmp_path: Path) -> None:
+    monkey = chaos(tmp_path, kills=6, n=4_000)
+    assert len(monkey.kills) >= 2, monkey.kills
+    monkey.check_against_oracle()
+
+
+@pytest.mark.slow
+def test_chaos_long_at_least_twenty_kills_of_mixed_kinds(tmp_path: Path) -> None:
+    monkey = chaos(tmp_path, kills=24, n=14_000, seed=11)
+    assert sum(monkey.kills.values()) >= 20 and len(monkey.kills) == 3, monkey.kills
+    monkey.check_against_oracle()
+
+
+@pytest.mark.slow
+def test_chaos_catches_weak_productions_in_non_deterministic_code(tmp_path: Path) -> None:
+    monkey = chaos(tmp_path, kills=16, n=8_000, productions="weak", seed=5)
+    with pytest.raises(AssertionError):
+        monkey.check_against_oracle()
