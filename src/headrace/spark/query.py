@@ -60,38 +60,52 @@ def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: 
     def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         loads = pickle.loads
         for rb in batches:
-            cols = {name: rb.column(name).to_pylist() for name in rb.schema.names}
-            out: dict[str, list[Any]] = {name: [] for name in KEYED_SCHEMA.names}
-
-            def emit(i: int, **override: Any) -> None:
-                for name in KEYED_SCHEMA.names:
-                    out[name].append(override[name] if name in override else cols[name][i])
-
-            for i, kind in enumerate(cols["kind"]):
+            kinds = rb.column("kind").to_pylist()
+            streams, values, ids = rb.column("stream").to_pylist(), rb.column("value").to_pylist(), rb.column("id").to_pylist()
+            take: list[int] = []
+            keys: list[str | None] = []
+            shard_ids: list[int] = []
+            rejected: dict[int, bytes] = {}
+            for i, kind in enumerate(kinds):
                 if kind == CONTROL:
-                    for shard in range(shards):
-                        emit(i, shard=shard)
+                    take.extend([i] * shards)
+                    keys.extend([None] * shards)
+                    shard_ids.extend(range(shards))
                     continue
-                stream, rid = cols["stream"][i], cols["id"][i]
+                stream = streams[i]
                 stage = "decoding it"
                 try:
-                    value = loads(cols["value"][i])
+                    value = loads(values[i])
                     stage = "extracting its key with " + extractors[stream].description
                     key = extractors[stream](value)
                 except Exception as exc:
                     cause = f"{type(exc).__name__}: {exc}"
                     if not dead_letters:
                         raise BadInputError(
-                            f"Computation {computation!r} cannot take record {rid!r} of stream {stream!r}: "
+                            f"Computation {computation!r} cannot take record {ids[i]!r} of stream {stream!r}: "
                             f"failed {stage}", got_text=cause,
                             hint="fix the record or the key extractor, or add the computation with "
                                  "on_error='dead_letter' to route such records aside") from None
-                    letter = {"computation": computation, "key": None, "at": f"failed {stage}", "stream": stream,
-                              "record_id": rid, "value": cols["value"][i], "error": cause}
-                    emit(i, kind=REJECTED, key="", value=pickle.dumps(letter), shard=0)
+                    rejected[len(take)] = pickle.dumps({
+                        "computation": computation, "key": None, "at": f"failed {stage}", "stream": stream,
+                        "record_id": ids[i], "value": values[i], "error": cause})
+                    take.append(i)
+                    keys.append("")
+                    shard_ids.append(0)
                     continue
-                emit(i, key=key, shard=shard_of(key, shards))
-            yield pa.RecordBatch.from_pydict(out, schema=KEYED_SCHEMA)
+                take.append(i)
+                keys.append(key)
+                shard_ids.append(shard_of(key, shards))
+            picked = rb.take(pa.array(take, pa.int64()))
+            columns = {name: picked.column(name) for name in picked.schema.names}
+            columns["key"] = pa.array(keys, pa.string())
+            if rejected:
+                columns["kind"] = pa.array([REJECTED if j in rejected else k
+                                            for j, k in enumerate(columns["kind"].to_pylist())], pa.int8())
+                columns["value"] = pa.array([rejected.get(j, v) for j, v in enumerate(columns["value"].to_pylist())],
+                                            pa.binary())
+            columns["shard"] = pa.array(shard_ids, pa.int32())
+            yield pa.RecordBatch.from_arrays([columns[name] for name in KEYED_SCHEMA.names], schema=KEYED_SCHEMA)
     return extract
 
 
