@@ -62,9 +62,11 @@ class KeyContext:
 
     def finish_key(self) -> tuple[str, bytes | None] | None:
         """Close the key: collect its timer changes; return its state write, if any."""
-        self.timer_sets.extend(self._key_sets.values())
-        self.timer_deletes.extend((self.key, tag) for tag in sorted(self._key_deletes - self._key_sets.keys()))
-        return self.state_write()
+        if self._key_sets:
+            self.timer_sets.extend(self._key_sets.values())
+        if self._key_deletes:
+            self.timer_deletes.extend((self.key, tag) for tag in sorted(self._key_deletes - self._key_sets.keys()))
+        return self.state_write() if self._touched else None
 
     def savepoint(self) -> tuple[Any, ...]:
         """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
