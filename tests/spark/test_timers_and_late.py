@@ -110,6 +110,9 @@ def test_a_computation_added_from_now_skips_what_was_already_committed(spark: An
         t.add(CountAll, name="FromNow", inputs={"searches": key_by(lambda v: "all")})
         runner.add("FromNow", start="now")
         runner.wait(timeout_s=300)
+        kept = runner.queries["FromStart"].query
+        runner.remove("FromNow")  # removing one computation leaves the others running
+        assert "FromNow" not in runner.queries and kept.isActive and runner.queries["FromStart"].query is kept
     finally:
         runner.stop()
     counts = {name: open_store(store_url).counters(name).get("records", 0) for name in ("FromStart", "FromNow")}
