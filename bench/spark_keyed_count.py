@@ -91,7 +91,7 @@ class CountAndReport(Computation):
         ctx.set_timer("end", 2**62)
 
     def process_timer(self, ctx: Any, timer: Any) -> None:
-        ctx.produce("counts", ctx.state)
+        ctx.produce("counts", ctx.state, key=ctx.key)
 
 
 def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int, shards: int) -> tuple[float, dict[str, int]]:
