@@ -15,7 +15,7 @@ import os
 import pickle
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 
@@ -33,11 +33,11 @@ __all__ = ["ComputationQuery", "QueryStats"]
 
 KEYED_SCHEMA = pa.schema([
     ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
-    ("timestamp", pa.int64()), ("id", pa.string()), ("shard", pa.int32()),
+    ("timestamp", pa.int64()), ("id", pa.string()), ("shard", pa.int32()), ("part", pa.int32()),
     ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
 ])
 KEYED_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, shard INT, "
-             "wm_before BIGINT, wm_after BIGINT, wall BIGINT")
+             "part INT, wm_before BIGINT, wm_after BIGINT, wall BIGINT")
 RESULT_DDL = "shard INT, outcome STRING, counters STRING, productions BIGINT, wm_after BIGINT"
 
 _STORES: dict[tuple[str, int], Store] = {}
@@ -53,8 +53,41 @@ def worker_store(url: str) -> Store:
     return store
 
 
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an INT column (Murmur3 x86_32, seed 42), as a signed 32-bit int."""
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k1 = rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = rotl(seed ^ k1, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def partition_labels(shards: int) -> list[int]:
+    """Labels whose Spark hash partitioning sends shard i, alone, to partition i.
+
+    ``repartition(n, col)`` places a row by ``pmod(hash(col), n)``: shard numbers themselves
+    collide (two shards in one task, another task idle), so each shard travels with the first
+    integer that hashes to its own partition.
+    """
+    found: dict[int, int] = {}
+    label = 0
+    while len(found) < shards:
+        found.setdefault(spark_hash_int(label) % shards, label)
+        label += 1
+    return [found[p] for p in range(shards)]
+
+
 def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: int,
-                 dead_letters: bool) -> Callable[..., Iterator[pa.RecordBatch]]:
+                 dead_letters: bool, labels: list[int] | None = None) -> Callable[..., Iterator[pa.RecordBatch]]:
     """Key every record for this consumer. Input that cannot be decoded or keyed fails the batch
     with an error naming it, or, with ``on_error="dead_letter"``, goes to shard 0 as a rejected row."""
     def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -105,6 +138,7 @@ def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: 
                 columns["value"] = pa.array([rejected.get(j, v) for j, v in enumerate(columns["value"].to_pylist())],
                                             pa.binary())
             columns["shard"] = pa.array(shard_ids, pa.int32())
+            columns["part"] = pa.array([labels[i] for i in shard_ids] if labels else shard_ids, pa.int32())
             yield pa.RecordBatch.from_arrays([columns[name] for name in KEYED_SCHEMA.names], schema=KEYED_SCHEMA)
     return extract
 
@@ -118,21 +152,24 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
         table = pa.Table.from_batches(list(batches), schema=KEYED_SCHEMA)
         if table.num_rows == 0:
             return
-        cols = {n: table.column(n).to_pylist() for n in KEYED_SCHEMA.names}
-        loads = pickle.loads
+        table = table.sort_by([("shard", "ascending"), ("kind", "ascending")])
+        shards_col = table.column("shard").to_numpy()
+        starts = [0, *(int(i) + 1 for i in (shards_col[1:] != shards_col[:-1]).nonzero()[0]), len(shards_col)]
         per_shard: dict[int, list[InputRecord]] = {}
         rejected: dict[int, list[InputRecord]] = {}
         control: dict[int, tuple[int, int, int]] = {}
-        for i, kind in enumerate(cols["kind"]):
-            shard = cols["shard"][i]
-            if kind == CONTROL:
-                control[shard] = (cols["wm_before"][i], cols["wm_after"][i], cols["wall"][i])
-            elif kind == REJECTED:
-                rejected.setdefault(shard, []).append(InputRecord(
-                    cols["stream"][i], "", loads(cols["value"][i]), cols["timestamp"][i], cols["id"][i]))
-            else:
-                per_shard.setdefault(shard, []).append(InputRecord(
-                    cols["stream"][i], cols["key"][i], loads(cols["value"][i]), cols["timestamp"][i], cols["id"][i]))
+        for lo, hi in zip(starts, starts[1:]):
+            part = table.slice(lo, hi - lo)
+            shard = int(shards_col[lo])
+            kinds = part.column("kind").to_pylist()
+            for kind, records in _decode_rows(part, kinds).items():
+                if kind == CONTROL:
+                    c = records[0]
+                    control[shard] = (c.wm_before, c.wm_after, c.wall)  # type: ignore[attr-defined]
+                elif kind == REJECTED:
+                    rejected[shard] = [r._replace(key="") for r in records]
+                else:
+                    per_shard[shard] = records
         store = worker_store(url)
         computation = cls()
         rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": [], "wm_after": []}
@@ -150,6 +187,33 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
             ("shard", pa.int32()), ("outcome", pa.string()), ("counters", pa.string()),
             ("productions", pa.int64()), ("wm_after", pa.int64())]))
     return task
+
+
+class _Control(NamedTuple):
+    wm_before: int
+    wm_after: int
+    wall: int
+
+
+def _decode_rows(part: pa.Table, kinds: list[int]) -> dict[int, list[Any]]:
+    """One shard's rows (sorted by kind) as InputRecords per kind, values unpickled, in bulk."""
+    out: dict[int, list[Any]] = {}
+    start = 0
+    while start < len(kinds):
+        kind = kinds[start]
+        end = start
+        while end < len(kinds) and kinds[end] == kind:
+            end += 1
+        rows = part.slice(start, end - start)
+        if kind == CONTROL:
+            out[kind] = [_Control(rows.column("wm_before")[0].as_py(), rows.column("wm_after")[0].as_py(),
+                                  rows.column("wall")[0].as_py())]
+        else:
+            out[kind] = list(map(InputRecord, rows.column("stream").to_pylist(), rows.column("key").to_pylist(),
+                                 map(pickle.loads, rows.column("value").to_pylist()),
+                                 rows.column("timestamp").to_pylist(), rows.column("id").to_pylist()))
+        start = end
+    return out
 
 
 @dataclass
@@ -190,6 +254,7 @@ class ComputationQuery:
     def start(self) -> None:
         import time
 
+        self.labels = partition_labels(self.spec.options.shards)
         df = (self.spark.readStream.format("headrace")
               .option("store", self.url).option("computation", self.spec.name)
               .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from).load())
@@ -207,8 +272,8 @@ class ComputationQuery:
         spec, batch_no = self.spec, batch_id + 1
         shards = spec.options.shards
         keyed = df.mapInArrow(make_extract(spec.name, dict(spec.inputs), shards,
-                                           spec.options.on_error == "dead_letter"), KEYED_DDL)
-        results = (keyed.repartition(shards, "shard")
+                                           spec.options.on_error == "dead_letter", self.labels), KEYED_DDL)
+        results = (keyed.repartition(shards, "part")
                    .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams),
                                RESULT_DDL)
                    .collect())

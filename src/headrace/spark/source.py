@@ -26,6 +26,7 @@ from ..store.sqlite import decode_segment
 __all__ = ["HeadraceSource", "SOURCE_SCHEMA", "RECORD", "CONTROL"]
 
 RECORD, CONTROL = 0, 1
+MAX_PARTITIONS_PER_STREAM = 32
 SOURCE_SCHEMA = pa.schema([
     ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
     ("timestamp", pa.int64()), ("id", pa.string()),
@@ -117,11 +118,12 @@ class HeadraceReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         if start == end:
             return []
-        parts: list[InputPartition] = [
-            SegmentRange(stream, producer, start["b"].get(producer, 0), end["b"][producer])
-            for stream, producer in self.subscriptions
-            if end["b"][producer] > start["b"].get(producer, 0)
-        ]
+        parts: list[InputPartition] = []
+        for stream, producer in self.subscriptions:
+            first, last = start["b"].get(producer, 0), end["b"][producer]
+            # a partition per few batches, so reading and keying run on every core
+            step = max(1, -(-(last - first) // MAX_PARTITIONS_PER_STREAM))
+            parts.extend(SegmentRange(stream, producer, b, min(b + step, last)) for b in range(first, last, step))
         parts.append(ControlPartition(self._watermark(start), self._watermark(end), end.get("wall", 0)))
         return parts
 
