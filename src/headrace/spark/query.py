@@ -19,25 +19,16 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 
-from ..engine import DedupCache, InputRecord, ShardBatch, run_shard_batch, shard_of
+from ..engine import DedupCache, InputRecord, ShardBatch, run_shard_batch
 from ..engine.watermark import output_low_watermark
-from ..errors import BadInputError, UserCodeError
-from ..model import BEGINNING_OF_TIME, ComputationOptions, KeyExtractor
+from ..errors import UserCodeError
+from ..model import BEGINNING_OF_TIME
 from ..store import Store, open_store
 from ..topology import ComputationSpec, Topology
-from .source import CONTROL, RECORD
-
-REJECTED = 2
+from .keying import CONTROL, KEYED_SCHEMA, REJECTED, Keying
 
 __all__ = ["ComputationQuery", "QueryStats"]
 
-KEYED_SCHEMA = pa.schema([
-    ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
-    ("timestamp", pa.int64()), ("id", pa.string()), ("shard", pa.int32()), ("part", pa.int32()),
-    ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
-])
-KEYED_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, shard INT, "
-             "part INT, wm_before BIGINT, wm_after BIGINT, wall BIGINT")
 RESULT_DDL = "shard INT, outcome STRING, counters STRING, productions BIGINT, wm_after BIGINT"
 
 _STORES: dict[tuple[str, int], Store] = {}
@@ -53,94 +44,6 @@ def worker_store(url: str) -> Store:
     return store
 
 
-def spark_hash_int(value: int, seed: int = 42) -> int:
-    """Spark's ``hash()`` of an INT column (Murmur3 x86_32, seed 42), as a signed 32-bit int."""
-    def rotl(x: int, r: int) -> int:
-        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
-    k1 = rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
-    h1 = rotl(seed ^ k1, 13)
-    h1 = (h1 * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h1 ^= 4
-    h1 ^= h1 >> 16
-    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
-    h1 ^= h1 >> 13
-    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 & 0x80000000 else h1
-
-
-def partition_labels(shards: int) -> list[int]:
-    """Labels whose Spark hash partitioning sends shard i, alone, to partition i.
-
-    ``repartition(n, col)`` places a row by ``pmod(hash(col), n)``: shard numbers themselves
-    collide (two shards in one task, another task idle), so each shard travels with the first
-    integer that hashes to its own partition.
-    """
-    found: dict[int, int] = {}
-    label = 0
-    while len(found) < shards:
-        found.setdefault(spark_hash_int(label) % shards, label)
-        label += 1
-    return [found[p] for p in range(shards)]
-
-
-def make_extract(computation: str, extractors: dict[str, KeyExtractor], shards: int,
-                 dead_letters: bool, labels: list[int] | None = None) -> Callable[..., Iterator[pa.RecordBatch]]:
-    """Key every record for this consumer. Input that cannot be decoded or keyed fails the batch
-    with an error naming it, or, with ``on_error="dead_letter"``, goes to shard 0 as a rejected row."""
-    def extract(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        loads = pickle.loads
-        for rb in batches:
-            kinds = rb.column("kind").to_pylist()
-            streams, values, ids = rb.column("stream").to_pylist(), rb.column("value").to_pylist(), rb.column("id").to_pylist()
-            take: list[int] = []
-            keys: list[str | None] = []
-            shard_ids: list[int] = []
-            rejected: dict[int, bytes] = {}
-            for i, kind in enumerate(kinds):
-                if kind == CONTROL:
-                    take.extend([i] * shards)
-                    keys.extend([None] * shards)
-                    shard_ids.extend(range(shards))
-                    continue
-                stream = streams[i]
-                stage = "decoding it"
-                try:
-                    value = loads(values[i])
-                    stage = "extracting its key with " + extractors[stream].description
-                    key = extractors[stream](value)
-                except Exception as exc:
-                    cause = f"{type(exc).__name__}: {exc}"
-                    if not dead_letters:
-                        raise BadInputError(
-                            f"Computation {computation!r} cannot take record {ids[i]!r} of stream {stream!r}: "
-                            f"failed {stage}", got_text=cause,
-                            hint="fix the record or the key extractor, or add the computation with "
-                                 "on_error='dead_letter' to route such records aside") from None
-                    rejected[len(take)] = pickle.dumps({
-                        "computation": computation, "key": None, "at": f"failed {stage}", "stream": stream,
-                        "record_id": ids[i], "value": values[i], "error": cause})
-                    take.append(i)
-                    keys.append("")
-                    shard_ids.append(0)
-                    continue
-                take.append(i)
-                keys.append(key)
-                shard_ids.append(shard_of(key, shards))
-            picked = rb.take(pa.array(take, pa.int64()))
-            columns = {name: picked.column(name) for name in picked.schema.names}
-            columns["key"] = pa.array(keys, pa.string())
-            if rejected:
-                columns["kind"] = pa.array([REJECTED if j in rejected else k
-                                            for j, k in enumerate(columns["kind"].to_pylist())], pa.int8())
-                columns["value"] = pa.array([rejected.get(j, v) for j, v in enumerate(columns["value"].to_pylist())],
-                                            pa.binary())
-            columns["shard"] = pa.array(shard_ids, pa.int32())
-            columns["part"] = pa.array([labels[i] for i in shard_ids] if labels else shard_ids, pa.int32())
-            yield pa.RecordBatch.from_arrays([columns[name] for name in KEYED_SCHEMA.names], schema=KEYED_SCHEMA)
-    return extract
 
 
 def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: int,
@@ -254,10 +157,12 @@ class ComputationQuery:
     def start(self) -> None:
         import time
 
-        self.labels = partition_labels(self.spec.options.shards)
+        keying = Keying(self.spec.name, dict(self.spec.inputs), self.spec.options.shards,
+                        self.spec.options.on_error == "dead_letter")
         df = (self.spark.readStream.format("headrace")
               .option("store", self.url).option("computation", self.spec.name)
-              .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from).load())
+              .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from)
+              .option("keying", keying.to_option()).load())
         self._started = time.time()
         self.query = (df.writeStream.foreachBatch(self._on_batch)
                       .option("checkpointLocation", self.checkpoint)
@@ -271,9 +176,7 @@ class ComputationQuery:
         began = time.perf_counter()
         spec, batch_no = self.spec, batch_id + 1
         shards = spec.options.shards
-        keyed = df.mapInArrow(make_extract(spec.name, dict(spec.inputs), shards,
-                                           spec.options.on_error == "dead_letter", self.labels), KEYED_DDL)
-        results = (keyed.repartition(shards, "part")
+        results = (df.repartition(shards, "part")
                    .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams),
                                RESULT_DDL)
                    .collect())

@@ -40,6 +40,8 @@ def _pickle_user_code_by_value(topology: Topology) -> None:
     from pyspark import cloudpickle
 
     modules = {spec.cls.__module__ for spec in topology.computations.values()}
+    modules |= {getattr(getattr(e, "_fn", None), "__module__", None) or "headrace"
+                for spec in topology.computations.values() for e in spec.inputs.values()}
     for name in modules:
         module = sys.modules.get(name)
         if module is None or name.startswith("headrace") or "site-packages" in (getattr(module, "__file__", "") or ""):

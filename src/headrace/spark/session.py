@@ -28,6 +28,7 @@ def spark_session(master: str = "local[*]", app_name: str = "headrace", conf: di
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.python.worker.reuse", "true")
                .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
                .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -22,18 +22,16 @@ from ..engine.watermark import input_low_watermark
 from ..model import BEGINNING_OF_TIME
 from ..store import open_store
 from ..store.sqlite import decode_segment
+from .keying import CONTROL, KEYED_DDL, RECORD, Keying
 
-__all__ = ["HeadraceSource", "SOURCE_SCHEMA", "RECORD", "CONTROL"]
+__all__ = ["HeadraceSource", "SOURCE_SCHEMA"]
 
-RECORD, CONTROL = 0, 1
 MAX_PARTITIONS_PER_STREAM = 32
 SOURCE_SCHEMA = pa.schema([
     ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
     ("timestamp", pa.int64()), ("id", pa.string()),
     ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
 ])
-SOURCE_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, "
-              "wm_before BIGINT, wm_after BIGINT, wall BIGINT")
 
 
 @dataclass
@@ -53,14 +51,15 @@ class ControlPartition(InputPartition):
 
 class HeadraceSource(DataSource):
     """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
-    ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time)."""
+    ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
+    ``keying`` (the consumer's ``Keying``, serialized: rows come out keyed and bound to a shard)."""
 
     @classmethod
     def name(cls) -> str:
         return "headrace"
 
     def schema(self) -> str:
-        return SOURCE_DDL
+        return KEYED_DDL
 
     def streamReader(self, schema: Any) -> "HeadraceReader":
         return HeadraceReader(self.options)
@@ -73,6 +72,7 @@ class HeadraceReader(DataSourceStreamReader):
         self.subscriptions: list[tuple[str, str]] = [tuple(s) for s in json.loads(options["subscriptions"])]
         self.producers = sorted({p for _, p in self.subscriptions})
         self.start = options.get("start", "beginning")
+        self.keying = Keying.from_option(options["keying"])
         self._store: Any = None
 
     @property
@@ -129,16 +129,17 @@ class HeadraceReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, ControlPartition):
-            yield pa.RecordBatch.from_pydict({
+            yield self.keying.apply(pa.RecordBatch.from_pydict({
                 "kind": [CONTROL], "stream": [None], "key": [None], "value": [None], "timestamp": [0], "id": [None],
                 "wm_before": [partition.wm_before], "wm_after": [partition.wm_after], "wall": [partition.wall],
-            }, schema=SOURCE_SCHEMA)
+            }, schema=SOURCE_SCHEMA))
             return
         assert isinstance(partition, SegmentRange)
         store = open_store(self.url)
         try:
             for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
-                yield from _as_source_batches(decode_segment(blob), partition.stream)
+                for rb in _as_source_batches(decode_segment(blob), partition.stream):
+                    yield self.keying.apply(rb)
         finally:
             store.close()
 

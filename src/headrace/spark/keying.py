@@ -1,0 +1,137 @@
+"""Keying: turning a consumer's input rows into rows keyed for it, each bound to its shard's task.
+
+It runs inside the ``headrace`` source's ``read`` on the executors, so reading a segment and keying
+its records are one pass in one Python worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from ..engine import shard_of
+from ..errors import BadInputError
+from ..model import KeyExtractor
+
+__all__ = ["Keying", "KEYED_SCHEMA", "KEYED_DDL", "RECORD", "CONTROL", "REJECTED", "partition_labels",
+           "spark_hash_int"]
+
+RECORD, CONTROL, REJECTED = 0, 1, 2
+KEYED_SCHEMA = pa.schema([
+    ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
+    ("timestamp", pa.int64()), ("id", pa.string()), ("shard", pa.int32()), ("part", pa.int32()),
+    ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
+])
+KEYED_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, shard INT, "
+             "part INT, wm_before BIGINT, wm_after BIGINT, wall BIGINT")
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an INT column (Murmur3 x86_32, seed 42), as a signed 32-bit int."""
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    k1 = (value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF
+    k1 = rotl(k1, 15) * 0x1B873593 & 0xFFFFFFFF
+    h1 = rotl(seed ^ k1, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & 0xFFFFFFFF
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & 0xFFFFFFFF
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def partition_labels(shards: int) -> list[int]:
+    """Labels whose Spark hash partitioning sends shard i, alone, to partition i.
+
+    ``repartition(n, col)`` places a row by ``pmod(hash(col), n)``: shard numbers themselves
+    collide (two shards in one task, another task idle), so each shard travels with the first
+    integer that hashes to its own partition.
+    """
+    found: dict[int, int] = {}
+    label = 0
+    while len(found) < shards:
+        found.setdefault(spark_hash_int(label) % shards, label)
+        label += 1
+    return [found[p] for p in range(shards)]
+
+
+@dataclass
+class Keying:
+    """How one consumer keys its input. Input that cannot be decoded or keyed fails the batch with
+    an error naming it, or, with ``on_error="dead_letter"``, goes to shard 0 as a rejected row."""
+
+    computation: str
+    extractors: dict[str, KeyExtractor]
+    shards: int
+    dead_letters: bool = False
+
+    def __post_init__(self) -> None:
+        self.labels = partition_labels(self.shards)
+
+    def to_option(self) -> str:
+        from pyspark import cloudpickle
+
+        return base64.b64encode(cloudpickle.dumps(self)).decode()
+
+    @staticmethod
+    def from_option(text: str) -> "Keying":
+        return pickle.loads(base64.b64decode(text))
+
+    def apply(self, rb: pa.RecordBatch) -> pa.RecordBatch:
+        """Rows of the source (no key yet) -> keyed rows; a control row becomes one per shard."""
+        loads = pickle.loads
+        kinds = rb.column("kind").to_pylist()
+        streams, values, ids = rb.column("stream").to_pylist(), rb.column("value").to_pylist(), rb.column("id").to_pylist()
+        take: list[int] = []
+        keys: list[str | None] = []
+        shard_ids: list[int] = []
+        rejected: dict[int, bytes] = {}
+        for i, kind in enumerate(kinds):
+            if kind == CONTROL:
+                take.extend([i] * self.shards)
+                keys.extend([None] * self.shards)
+                shard_ids.extend(range(self.shards))
+                continue
+            stream = streams[i]
+            stage = "decoding it"
+            try:
+                value = loads(values[i])
+                stage = "extracting its key with " + self.extractors[stream].description
+                key = self.extractors[stream](value)
+            except Exception as exc:
+                cause = f"{type(exc).__name__}: {exc}"
+                if not self.dead_letters:
+                    raise BadInputError(
+                        f"Computation {self.computation!r} cannot take record {ids[i]!r} of stream {stream!r}: "
+                        f"failed {stage}", got_text=cause,
+                        hint="fix the record or the key extractor, or add the computation with "
+                             "on_error='dead_letter' to route such records aside") from None
+                rejected[len(take)] = pickle.dumps({
+                    "computation": self.computation, "key": None, "at": f"failed {stage}", "stream": stream,
+                    "record_id": ids[i], "value": values[i], "error": cause})
+                take.append(i)
+                keys.append("")
+                shard_ids.append(0)
+                continue
+            take.append(i)
+            keys.append(key)
+            shard_ids.append(shard_of(key, self.shards))
+        picked = rb.take(pa.array(take, pa.int64()))
+        columns = {name: picked.column(name) for name in picked.schema.names}
+        columns["key"] = pa.array(keys, pa.string())
+        if rejected:
+            columns["kind"] = pa.array([REJECTED if j in rejected else k
+                                        for j, k in enumerate(columns["kind"].to_pylist())], pa.int8())
+            columns["value"] = pa.array([rejected.get(j, v) for j, v in enumerate(columns["value"].to_pylist())],
+                                        pa.binary())
+        columns["shard"] = pa.array(shard_ids, pa.int32())
+        columns["part"] = pa.array([self.labels[i] for i in shard_ids], pa.int32())
+        return pa.RecordBatch.from_arrays([columns[name] for name in KEYED_SCHEMA.names], schema=KEYED_SCHEMA)
