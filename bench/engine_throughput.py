@@ -1,6 +1,7 @@
 """Engine + SQLite store throughput against a bare in-memory loop, same computation, same run.
 
     .venv/bin/python bench/engine_throughput.py [--records 500000] [--keys 50000] [--batch 50000]
+    .venv/bin/python bench/engine_throughput.py --profile   # where the engine's time goes (pyinstrument)
 
 Prints records/s for each and the ratio. The bare loop is the bound for per-record Python work:
 a dict for state, no persistence, no dedup, no timers machinery.
@@ -95,7 +96,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--profile", action="store_true", help="profile the exactly-once variant with pyinstrument")
     args = parser.parse_args()
+    if args.profile:
+        profile(args)
+        return
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"workload: keyed counter, {args.records:,} records over {args.keys:,} keys, "
@@ -117,6 +122,18 @@ def main() -> None:
     for label, elapsed, ratio in rows:
         print(f"{label:<68} {len(data) / elapsed:>12,.0f} {ratio:>8.3f}x")
     print(f"bare loop: {bare_rate:,.0f} records/s over {len(bare_states):,} keys")
+
+
+def profile(args: argparse.Namespace) -> None:
+    from pyinstrument import Profiler
+
+    data = make_input(args.records, args.keys)
+    with tempfile.TemporaryDirectory(prefix="headrace-bench-") as folder:
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+        run_engine(data, args.batch, args.shards, folder)
+        profiler.stop()
+    print(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
 if __name__ == "__main__":

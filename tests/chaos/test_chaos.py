@@ -15,7 +15,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -55,8 +54,8 @@ def python_workers(driver: int) -> list[int]:
 
 
 class Monkey:
-    def __init__(self, tmp: Path, productions: str, n: int, seed: int):
-        self.store = f"sqlite:///{tmp}/store.db"
+    def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int):
+        self.store = store
         self.checkpoints = str(tmp / "checkpoints")
         self.marks = tmp / "marks"
         self.marks.mkdir()
@@ -75,9 +74,13 @@ class Monkey:
         return self.driver
 
     def drained(self) -> bool:
-        if not Path(self.store[len("sqlite:///"):]).exists():
+        if self.store.startswith("sqlite:///") and not Path(self.store[len("sqlite:///"):]).exists():
             return False
-        heads = {b.producer: b for b in open_store(self.store).journal_heads()}
+        store = open_store(self.store)
+        try:
+            heads = {b.producer: b for b in store.journal_heads()}
+        finally:
+            store.close()
         return all(name in heads and heads[name].input_watermark == END_OF_TIME
                    for name in ("Tagger", "Collector", "Windows"))
 
@@ -153,6 +156,7 @@ class Monkey:
         for user in USERS:
             raw = store.state("Tagger", user)
             remembered.update(pickle.loads(raw) if raw else {})
+        store.close()
         collected = {}
         for r in read("collected", self.store):
             collected.update(r.value["tags"])
@@ -160,9 +164,9 @@ class Monkey:
         assert collected == remembered == {r.value["n"]: r.value["tag"] for r in tagged}
 
 
-def chaos(tmp_path: Path, kills: int, n: int, productions: str = "strong", seed: int = 7,
+def chaos(tmp_path: Path, store: str, kills: int, n: int, productions: str = "strong", seed: int = 7,
           kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit")) -> Monkey:
-    monkey = Monkey(tmp_path, productions, n, seed)
+    monkey = Monkey(tmp_path, store, productions, n, seed)
     try:
         monkey.run(kills, timeout_s=60 * 25, kinds=kinds)
     finally:
@@ -171,23 +175,28 @@ def chaos(tmp_path: Path, kills: int, n: int, productions: str = "strong", seed:
     return monkey
 
 
-def test_chaos_short(tmp_path: Path) -> None:
-    monkey = chaos(tmp_path, kills=6, n=4_000)
+@pytest.fixture
+def store_url(each_store: str) -> str:
+    return each_store
+
+
+def test_chaos_short(tmp_path: Path, store_url: str) -> None:
+    monkey = chaos(tmp_path, store_url, kills=6, n=4_000)
     assert len(monkey.kills) >= 2, monkey.kills
     monkey.check_against_oracle()
 
 
 @pytest.mark.slow
-def test_chaos_long_at_least_twenty_kills_of_mixed_kinds(tmp_path: Path) -> None:
-    monkey = chaos(tmp_path, kills=24, n=14_000, seed=11)
+def test_chaos_long_at_least_twenty_kills_of_mixed_kinds(tmp_path: Path, store_url: str) -> None:
+    monkey = chaos(tmp_path, store_url, kills=24, n=14_000, seed=11)
     assert sum(monkey.kills.values()) >= 20 and len(monkey.kills) == 3, monkey.kills
     monkey.check_against_oracle()
 
 
 @pytest.mark.slow
-def test_chaos_catches_weak_productions_in_non_deterministic_code(tmp_path: Path) -> None:
+def test_chaos_catches_weak_productions_in_non_deterministic_code(tmp_path: Path, store_url: str) -> None:
     # kills inside commits: with 3 of the 7 shards, Tagger is hit by most runs of 12 kills (all but ~1 in 1,000)
-    monkey = chaos(tmp_path, kills=12, n=8_000, productions="weak", seed=5, kinds=("commit",))
+    monkey = chaos(tmp_path, store_url, kills=12, n=8_000, productions="weak", seed=5, kinds=("commit",))
     assert monkey.kills["store client mid-commit"] == 12
     with pytest.raises(AssertionError):
         monkey.check_against_oracle()

@@ -23,3 +23,4 @@ def spark() -> Iterator[Any]:
 @pytest.fixture
 def store_url(tmp_path: Any) -> str:
     return f"sqlite:///{tmp_path}/store.db"
+

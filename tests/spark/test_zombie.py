@@ -14,8 +14,9 @@ from headrace.store import open_store
 from .zombie_topology import EVENTS, build
 
 
-def test_a_second_driver_takes_over_and_every_write_of_the_first_is_refused(spark: Any, tmp_path: Path) -> None:
-    store = f"sqlite:///{tmp_path}/store.db"
+def test_a_second_driver_takes_over_and_every_write_of_the_first_is_refused(spark: Any, tmp_path: Path,
+                                                                          each_store: str) -> None:
+    store = each_store
     checkpoints, signals = tmp_path / "checkpoints", tmp_path / "signals"
     signals.mkdir()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}

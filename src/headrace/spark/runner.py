@@ -13,7 +13,7 @@ from ..engine.batch import Production
 from ..errors import HeadraceError, OptionError, UserCodeError
 from ..injectors import Injector, RecordsInjector, Several
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
-from ..store import open_store
+from ..store import Store, open_store
 from ..topology import Injection, Topology
 from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import ComputationQuery, QueryStats
@@ -99,6 +99,31 @@ class RunResult:
     injected: dict[str, int] = field(default_factory=dict)
 
 
+def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> str:
+    """Where the topology's Spark checkpoints live, bound to the store they were made against:
+    by default under ``<sqlite file>.checkpoints/`` (or ``./headrace.checkpoints/`` for a server
+    store) and the store's instance id; a given ``checkpoint_dir`` that holds another store's
+    checkpoints is refused, since Spark would resume offsets that this store never journaled."""
+    instance = store.instance_id()
+    if checkpoint_dir is None:
+        base = store.url[len("sqlite:///"):] if store.url.startswith("sqlite:///") else os.path.abspath("headrace")
+        checkpoint_dir = os.path.join(f"{base}.checkpoints", instance)
+    root = os.path.join(checkpoint_dir, topology)
+    marker = os.path.join(root, "STORE")
+    if os.path.exists(marker):
+        with open(marker) as f:
+            found = f.read().strip()
+        if found != instance:
+            raise OptionError(f"The Spark checkpoints in {root} belong to another store", got=found,
+                              hint=f"this store ({store.url}) is {instance}: pass a checkpoint_dir of its own, "
+                                   "or delete that directory to start the topology over")
+    else:
+        os.makedirs(root, exist_ok=True)
+        with open(marker, "w") as f:
+            f.write(instance)
+    return root
+
+
 class SparkRunner:
     """Runs a topology on Spark. ``start()``, then ``wait()`` (drained) or ``stop()``."""
 
@@ -106,12 +131,13 @@ class SparkRunner:
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
                  progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None):
         self.topology = topology
-        self.url = open_store(store).url  # validates the URL early
+        opened = open_store(store)  # validates the URL early
+        try:
+            self.url = opened.url
+            self.checkpoint_root = checkpoint_root(opened, topology.name, checkpoint_dir)
+        finally:
+            opened.close()
         self.master = master
-        if checkpoint_dir is None:
-            base = self.url[len("sqlite:///"):] if self.url.startswith("sqlite:///") else os.path.abspath("headrace")
-            checkpoint_dir = f"{base}.checkpoints"
-        self.checkpoint_root = os.path.join(checkpoint_dir, topology.name)
         self.trigger_ms = trigger_ms
         self.progress = progress
         self.progress_every_s = progress_every_s

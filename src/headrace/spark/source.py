@@ -21,25 +21,16 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from ..engine.watermark import input_low_watermark
 from ..model import BEGINNING_OF_TIME
 from ..store import open_store
-from ..store.sqlite import decode_segment
+from ..store.segments import decode_segment
 from .keying import CONTROL, KEYED_DDL, RECORD, Keying
 
 __all__ = ["HeadraceSource", "SOURCE_SCHEMA"]
 
-MAX_PARTITIONS_PER_STREAM = 32
 SOURCE_SCHEMA = pa.schema([
     ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
     ("timestamp", pa.int64()), ("id", pa.string()),
     ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
 ])
-
-
-@dataclass
-class SegmentRange(InputPartition):
-    stream: str
-    producer: str
-    after: int
-    upto: int
 
 
 @dataclass
@@ -49,10 +40,20 @@ class ControlPartition(InputPartition):
     wall: int
 
 
+@dataclass
+class SegmentRange(InputPartition):
+    stream: str
+    producer: str
+    after: int
+    upto: int
+    control: ControlPartition | None = None  # the batch's control row rides along with one range
+
+
 class HeadraceSource(DataSource):
     """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
     ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
-    ``keying`` (the consumer's ``Keying``, serialized: rows come out keyed and bound to a shard)."""
+    ``keying`` (the consumer's ``Keying``, serialized: rows come out keyed and bound to a shard),
+    ``parallelism`` (how many read tasks a batch may use: Spark's default parallelism)."""
 
     @classmethod
     def name(cls) -> str:
@@ -73,6 +74,7 @@ class HeadraceReader(DataSourceStreamReader):
         self.producers = sorted({p for _, p in self.subscriptions})
         self.start = options.get("start", "beginning")
         self.keying = Keying.from_option(options["keying"])
+        self.parallelism = max(1, int(options.get("parallelism", "2")))
         self._store: Any = None
 
     @property
@@ -118,23 +120,28 @@ class HeadraceReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         if start == end:
             return []
-        parts: list[InputPartition] = []
+        control = ControlPartition(self._watermark(start), self._watermark(end), end.get("wall", 0))
+        parts: list[SegmentRange] = []
         for stream, producer in self.subscriptions:
             first, last = start["b"].get(producer, 0), end["b"][producer]
-            # a partition per few batches, so reading and keying run on every core
-            step = max(1, -(-(last - first) // MAX_PARTITIONS_PER_STREAM))
+            # as many read tasks as cores: enough to read and key on all of them, and no more,
+            # since every task costs a round trip to a Python worker whatever its size
+            step = max(1, -(-(last - first) // self.parallelism))
             parts.extend(SegmentRange(stream, producer, b, min(b + step, last)) for b in range(first, last, step))
-        parts.append(ControlPartition(self._watermark(start), self._watermark(end), end.get("wall", 0)))
+        if not parts:
+            return [control]
+        parts[0].control = control
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, ControlPartition):
+        control = partition if isinstance(partition, ControlPartition) else partition.control  # type: ignore[attr-defined]
+        if control is not None:
             yield self.keying.apply(pa.RecordBatch.from_pydict({
                 "kind": [CONTROL], "stream": [None], "key": [None], "value": [None], "timestamp": [0], "id": [None],
-                "wm_before": [partition.wm_before], "wm_after": [partition.wm_after], "wall": [partition.wall],
+                "wm_before": [control.wm_before], "wm_after": [control.wm_after], "wall": [control.wall],
             }, schema=SOURCE_SCHEMA))
+        if not isinstance(partition, SegmentRange):
             return
-        assert isinstance(partition, SegmentRange)
         store = open_store(self.url)
         try:
             for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):

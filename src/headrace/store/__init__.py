@@ -1,4 +1,5 @@
-"""Backing stores, opened by URL: ``sqlite:///path/file.db`` (embedded default)."""
+"""Backing stores, opened by URL: ``sqlite:///path/file.db`` (embedded default) or
+``postgresql://user@host:port/database`` (a server, for clusters)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from urllib.parse import parse_qs, urlparse
 from ..errors import OptionError
 from .base import COMMIT_STEPS, BatchInfo, Store, StoredRecord
 from .failpoints import failpoint_from_env
+from .postgres import PostgresStore
 from .sqlite import SQLiteStore
 
-__all__ = ["open_store", "Store", "SQLiteStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
+__all__ = ["open_store", "Store", "SQLiteStore", "PostgresStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
 
 
 def open_store(url: str) -> Store:
-    """Open the store a URL names: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``."""
+    """Open the store a URL names: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
+    ``postgresql://user:password@host:5432/database``."""
     if not isinstance(url, str):
         raise OptionError("A store is named by a URL string", got=url,
                           hint="pass store='sqlite:///headrace.db'")
@@ -30,7 +33,9 @@ def open_store(url: str) -> Store:
                               hint="the one option is synchronous=OFF|NORMAL|FULL|EXTRA")
         return SQLiteStore(path, synchronous=sync, failpoint=failpoint_from_env())
     if parsed.scheme in ("postgresql", "postgres"):
-        raise OptionError("The PostgreSQL store is not available in this version", got=url,
-                          hint="use the embedded default, store='sqlite:///headrace.db'")
+        if not parsed.path.strip("/"):
+            raise OptionError("A PostgreSQL store URL needs a database name", got=url,
+                              hint="write postgresql://user@host:5432/database")
+        return PostgresStore(url, failpoint=failpoint_from_env())
     raise OptionError("Unknown store URL scheme", got=url,
-                      hint="use sqlite:///path/file.db")
+                      hint="use sqlite:///path/file.db or postgresql://user@host:5432/database")

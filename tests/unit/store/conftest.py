@@ -1,28 +1,22 @@
 """Fixtures shared by the store tests.
 
-``store_url`` is the one place a new store implementation joins the conformance and crash
-suites: add its URL factory to ``STORE_URLS`` (e.g. a PostgreSQL database per test) and every
-test that takes ``store_url`` runs against it too.
+``store_url`` is the one place a store implementation joins the conformance and crash suites:
+every test that takes it runs on SQLite (a file per test) and on a real PostgreSQL server (a
+database per test, on the session's server).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
 from headrace.store import Store, open_store
 
-STORE_URLS: dict[str, Callable[[Path], str]] = {
-    "sqlite": lambda tmp: f"sqlite:///{tmp}/store.db",
-    # "postgresql": lambda tmp: <a fresh database per test>,
-}
 
-
-@pytest.fixture(params=sorted(STORE_URLS))
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return STORE_URLS[request.param](tmp_path)
+@pytest.fixture
+def store_url(each_store: str) -> str:
+    return each_store
 
 
 @pytest.fixture

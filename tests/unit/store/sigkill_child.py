@@ -46,8 +46,8 @@ class Count(Computation):
         ctx.produce(STREAM, record.id, key=ctx.key)
 
 
-def main(path: str, batches: int, stall: str | None = None, marker: str | None = None) -> None:
-    store = open_store(f"sqlite:///{path}")
+def main(url: str, batches: int, stall: str | None = None, marker: str | None = None) -> None:
+    store = open_store(url)
     store.register(NAME, SHARDS)
     sequencer = store.acquire_writer(NAME)
     options = ComputationOptions.from_kwargs(NAME, {"shards": SHARDS})

@@ -234,7 +234,7 @@ def test_completing_a_batch_is_fenced_by_the_sequencer(store: Any, reopen: Any, 
     store.complete_batch(C, 1, 10, 100, writer)
     reopen().acquire_writer(C)
     expected = (f"Writer of 'counter' with sequencer {writer} was fenced off: the store's sequencer is {writer + 1} "
-                f"(got {writer}). Hint: a newer driver took over this computation; this process must stop")
+                f"(got {writer}). Hint: a newer driver took over this computation; this process is a zombie and must stop")
     for batch in (1, 2):
         with pytest.raises(FencedWriterError, match=f"^{re.escape(expected)}$"):
             store.complete_batch(C, batch, 20, 200, writer)
@@ -303,8 +303,8 @@ def test_shards_with_due_timers(store: Any) -> None:
 
 @pytest.mark.parametrize("url, what, got, hint", [
     (42, "A store is named by a URL string", "42", "pass store='sqlite:///headrace.db'"),
-    ("mysql://db/x", "Unknown store URL scheme", "'mysql://db/x'", "use sqlite:///path/file.db"),
-    ("headrace.db", "Unknown store URL scheme", "'headrace.db'", "use sqlite:///path/file.db"),
+    ("mysql://db/x", "Unknown store URL scheme", "'mysql://db/x'", "use sqlite:///path/file.db or postgresql://user@host:5432/database"),
+    ("headrace.db", "Unknown store URL scheme", "'headrace.db'", "use sqlite:///path/file.db or postgresql://user@host:5432/database"),
     ("sqlite://", "A SQLite store URL needs a file path", "'sqlite://'",
      "write sqlite:///relative/file.db or sqlite:////absolute/file.db"),
     ("sqlite://host/x.db", "A SQLite store URL needs a file path", "'sqlite://host/x.db'",
@@ -315,17 +315,20 @@ def test_shards_with_due_timers(store: Any) -> None:
      "the one option is synchronous=OFF|NORMAL|FULL|EXTRA"),
     ("sqlite:///x.db?cache=shared", "Unknown SQLite store option", "'cache=shared'",
      "the one option is synchronous=OFF|NORMAL|FULL|EXTRA"),
+    ("postgresql://u@h", "A PostgreSQL store URL needs a database name", "'postgresql://u@h'",
+     "write postgresql://user@host:5432/database"),
 ])
 def test_open_store_refuses_bad_urls(url: Any, what: str, got: str, hint: str) -> None:
     with pytest.raises(OptionError, match=f"^{re.escape(f'{what} (got {got}). Hint: {hint}')}$"):
         open_store(url)
 
 
-def test_open_store_refuses_postgresql_until_it_exists() -> None:  # delete once the PostgreSQL store lands
-    expected = ("The PostgreSQL store is not available in this version (got 'postgresql://u@h/db'). "
-                "Hint: use the embedded default, store='sqlite:///headrace.db'")
-    with pytest.raises(OptionError, match=f"^{re.escape(expected)}$"):
-        open_store("postgresql://u@h/db")
+def test_a_postgresql_server_that_is_not_there_is_named_with_the_fix() -> None:
+    url = "postgresql://headrace:secret@127.0.0.1:1/nowhere"
+    with pytest.raises(StoreError, match=r"^Cannot connect to the PostgreSQL store: connection failed: .*Connection refused.* "
+                       r"\(got 'postgresql://headrace:\*\*\*@127\.0\.0\.1:1/nowhere'\)\. Hint: start the server and check host, port, user and database in the URL$") as caught:
+        open_store(url)
+    assert "secret" not in str(caught.value)
 
 
 def test_a_store_reopened_on_its_url_sees_everything(store: Any, reopen: Any, writer: int) -> None:
@@ -334,3 +337,9 @@ def test_a_store_reopened_on_its_url_sees_everything(store: Any, reopen: Any, wr
     again = reopen()
     assert again.url == store.url
     assert view(again) == view(store)
+
+
+def test_a_store_has_one_instance_id_for_its_lifetime(store: Any, reopen: Any) -> None:
+    ident = store.instance_id()
+    assert re.fullmatch(r"[0-9a-f]{32}", ident)
+    assert reopen().instance_id() == ident == store.instance_id()

@@ -1,8 +1,8 @@
-"""Real crashes (SQLite only): SIGKILL a process that commits large shard batches, restart it.
+"""Real crashes, on SQLite and on PostgreSQL: SIGKILL a process that commits large shard batches, restart it.
 
 The child (sigkill_child.py) counts records per key (2,000 records over 200 keys per batch, 4
-shards) and produces one record per input. After every kill the file must pass SQLite's own
-integrity check and the store must be consistent: each shard holds exactly the batches up to
+shards) and produces one record per input. After every kill a SQLite file must pass SQLite's
+own integrity check, and the store must be consistent: each shard holds exactly the batches up to
 its version (state counts, produced records, seen ids and counters agree with the input of
 those batches, and nothing of a batch the kill interrupted); in the end every batch is
 committed exactly once.
@@ -33,8 +33,8 @@ INDEXES = {s: [i for i in range(child.RECORDS) if shard_of(child.key_of(i), chil
            for s in range(child.SHARDS)}  # a record's shard depends on its index only, the same every batch
 
 
-def start(db: Path, batches: int, *stall: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, str(CHILD), str(db), str(batches), *stall],
+def start(url: str, batches: int, *stall: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, str(CHILD), url, str(batches), *stall],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()  # type: ignore[union-attr]
     if line[:1] != ["ready"]:
@@ -51,15 +51,16 @@ def kill(proc: subprocess.Popen) -> None:
     proc.stderr.close()  # type: ignore[union-attr]
 
 
-def check_store(db: Path) -> tuple[dict[int, int], int]:
+def check_store(url: str) -> tuple[dict[int, int], int]:
     """Integrity and exactly-once consistency of whatever the kills left; returns the shard
     versions and the number of journaled batches."""
-    con = sqlite3.connect(db)  # SQLite only: the file itself
-    try:
-        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    finally:
-        con.close()
-    store = open_store(f"sqlite:///{db}")
+    if url.startswith("sqlite:///"):
+        con = sqlite3.connect(url[len("sqlite:///"):])  # the file itself
+        try:
+            assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        finally:
+            con.close()
+    store = open_store(url)
     try:
         versions = store.shard_versions(child.NAME)
         journal = [b.batch for b in store.batches(child.NAME)]
@@ -103,8 +104,9 @@ def wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
     (5, 300),
     pytest.param(25, 1500, marks=pytest.mark.slow),
 ])
-def test_sigkill_at_random_moments_never_breaks_exactly_once(tmp_path: Path, kills: int, batches: int) -> None:
-    db = tmp_path / "killed.db"
+def test_sigkill_at_random_moments_never_breaks_exactly_once(tmp_path: Path, store_url: str, kills: int,
+                                                            batches: int) -> None:
+    db = store_url
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     print("seed", seed)

@@ -1,0 +1,117 @@
+"""The server store: PostgreSQL, for clusters whose workers cannot share one SQLite file.
+
+Same tables and same logic as SQLite (``SQLStore``); what differs is concurrency. Writers run in
+READ COMMITTED transactions of their own: a shard's commit reads the computation's sequencer row
+``FOR SHARE`` (so a takeover waits for commits in flight, then fences every later one) and moves
+its version with ``UPDATE … WHERE version = base`` (a concurrent attempt that lost finds no row).
+Journal writes of one producer are serialized by a transaction-scoped advisory lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..errors import StoreError
+from .base import Failpoint
+from .sql import SQLStore
+
+__all__ = ["PostgresStore"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS computations(
+  name TEXT PRIMARY KEY, shards BIGINT NOT NULL, sequencer BIGINT NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS shards(
+  computation TEXT, shard BIGINT, version BIGINT NOT NULL,
+  input_watermark BIGINT NOT NULL, output_watermark BIGINT NOT NULL,
+  PRIMARY KEY(computation, shard));
+CREATE TABLE IF NOT EXISTS state(
+  computation TEXT, key TEXT, value BYTEA NOT NULL, PRIMARY KEY(computation, key));
+CREATE TABLE IF NOT EXISTS timers(
+  computation TEXT, key TEXT, tag TEXT, shard BIGINT NOT NULL, domain TEXT NOT NULL, timestamp BIGINT NOT NULL,
+  PRIMARY KEY(computation, key, tag));
+CREATE INDEX IF NOT EXISTS timers_due ON timers(computation, shard, domain, timestamp);
+CREATE TABLE IF NOT EXISTS seen_ids(
+  computation TEXT, shard BIGINT, id TEXT, timestamp BIGINT NOT NULL,
+  PRIMARY KEY(computation, shard, id));
+CREATE INDEX IF NOT EXISTS seen_ids_age ON seen_ids(computation, shard, timestamp);
+CREATE TABLE IF NOT EXISTS segments(
+  stream TEXT, producer TEXT, batch BIGINT, shard BIGINT, count BIGINT NOT NULL,
+  data BYTEA NOT NULL, created_at BIGINT NOT NULL,
+  PRIMARY KEY(stream, producer, batch, shard));
+CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
+CREATE TABLE IF NOT EXISTS batches(
+  producer TEXT, batch BIGINT, input_watermark BIGINT NOT NULL, output_watermark BIGINT NOT NULL,
+  completed_at BIGINT NOT NULL, PRIMARY KEY(producer, batch));
+CREATE TABLE IF NOT EXISTS checkpoints(producer TEXT PRIMARY KEY, position TEXT);
+CREATE TABLE IF NOT EXISTS counters(
+  computation TEXT, name TEXT, value BIGINT NOT NULL, PRIMARY KEY(computation, name));
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+SCHEMA_LOCK = 0x68656164  # advisory lock id: processes that open a fresh database at once create it once
+
+
+class PostgresStore(SQLStore):
+    """``postgresql://user[:password]@host[:port]/database[?libpq options]``."""
+
+    BEGIN_WRITE = "BEGIN"
+    BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    FOR_SHARE = " FOR SHARE"
+    GREATEST = "GREATEST"
+
+    def __init__(self, url: str, *, failpoint: Failpoint | None = None):
+        import psycopg
+        from psycopg import pq
+
+        self.url, self.failpoint = url, failpoint
+        self._idle = pq.TransactionStatus.IDLE
+        self._sql: dict[str, str] = {}
+        try:
+            self._db = psycopg.connect(url, autocommit=True, connect_timeout=30)
+        except psycopg.OperationalError as e:
+            raise StoreError(f"Cannot connect to the PostgreSQL store: {' '.join(str(e).split())}", got=_redacted(url),
+                             hint="start the server and check host, port, user and database in the URL") from None
+        if self._one("SELECT to_regclass('meta')")[0] is None:
+            # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
+            with self._write():
+                self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    self._x(statement)
+
+    def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._db.execute(self._translate(sql), params)
+
+    def _xmany(self, sql: str, rows: list[tuple]) -> None:
+        if rows:
+            with self._db.cursor() as cur:
+                cur.executemany(self._translate(sql), rows)
+
+    def _translate(self, sql: str) -> str:
+        """The shared queries use ``?``; psycopg wants ``%s`` (and ``%%`` for a literal ``%``)."""
+        out = self._sql.get(sql)
+        if out is None:
+            out = self._sql[sql] = sql.replace("%", "%%").replace("?", "%s")
+        return out
+
+    def _in_transaction(self) -> bool:
+        return self._db.info.transaction_status != self._idle
+
+    def _in_list(self, column: str, values: list[str]) -> tuple[str, Any]:
+        return f"{column} = ANY(?)", list(values)
+
+    def _lock_producer(self, producer: str) -> None:
+        self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _redacted(url: str) -> str:
+    """The URL without its password, for error messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
