@@ -135,6 +135,8 @@ def peak_rss_of_descendants(root: int) -> list[tuple[str, float]]:
                 status = dict(line.split(":", 1) for line in open(f"/proc/{child}/status").read().splitlines()
                               if ":" in line)
                 name = "JVM" if "java" in status["Name"] else status["Name"].strip()
+                if name not in ("JVM", "python", "python3"):
+                    continue
                 out.append((name, int(status["VmHWM"].split()[0]) / 1024))
             except (OSError, KeyError, ValueError):
                 continue

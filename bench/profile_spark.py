@@ -33,19 +33,32 @@ def parse(path: str) -> list[tuple[list[str], int]]:
     return stacks
 
 
+HEADRACE_FILES = {f for _, _, files in os.walk(os.path.join(HERE, "..", "src", "headrace")) for f in files
+                  if f.endswith(".py")}
+PROCESS = re.compile(r'^process \d+:"(?P<cmd>.*)"$')
+
+
 def label(frame: str) -> str:
     m = FRAME.match(frame)
-    if not m:
-        return frame
-    file = m["file"]
-    for marker in ("/headrace/", "/pyspark/", "/pyarrow/", "/bench/"):
-        if marker in file:
-            return f"{marker.strip('/')}/{file.split(marker, 1)[1]}:{m['func']}"
-    return f"{os.path.basename(file)}:{m['func']}"
+    return f"{os.path.basename(m['file'])}:{m['func']}" if m else frame
 
 
-def is_worker(stack: list[str]) -> bool:
-    return any("pyspark/daemon.py" in f or "pyspark/worker.py" in f for f in stack)
+def is_headrace(frame: str) -> bool:
+    m = FRAME.match(frame)
+    return bool(m) and os.path.basename(m["file"]) in HEADRACE_FILES
+
+
+def process_kind(stack: list[str]) -> str:
+    """py-spy puts the process tree on top of each stack; the innermost process says what it is."""
+    commands = [m["cmd"] for m in map(PROCESS.match, stack) if m]
+    cmd = commands[-1] if commands else ""
+    if "pyspark.worker" in cmd:
+        return "Spark's Python workers (source reads, keying, shard tasks)"
+    if "python_streaming_source_runner" in cmd:
+        return "the streaming source runners (offsets, partitions)"
+    if len(commands) == 1:
+        return "the driver (injectors, foreachBatch, journal)"
+    return "other Spark helper processes"
 
 
 def report(title: str, stacks: list[tuple[list[str], int]], top: int) -> None:
@@ -55,7 +68,7 @@ def report(title: str, stacks: list[tuple[list[str], int]], top: int) -> None:
     inclusive: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
     for stack, count in stacks:
-        for name in {label(f) for f in stack if "/headrace/" in f}:
+        for name in {label(f) for f in stack if is_headrace(f)}:
             inclusive[name] += count
         leaf[label(stack[-1])] += count
     print(f"\n{title}: {total:,} samples")
@@ -73,16 +86,29 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=14)
+    parser.add_argument("--stacks", help="summarize this raw stacks file instead of running the benchmark")
     args = parser.parse_args()
+    if args.stacks:
+        summarize(parse(args.stacks), args.top)
+        return
     raw = os.path.join(tempfile.mkdtemp(prefix="headrace-profile-"), "stacks.txt")
     py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     subprocess.run([py_spy, "record", "--subprocesses", "--nonblocking", "--format", "raw", "--rate", str(args.rate),
                     "-o", raw, "--", sys.executable, os.path.join(HERE, "spark_keyed_count.py"), "--skip-tws", "--skip-weak",
                     "--records", str(args.records), "--keys", str(args.keys)], check=True)
-    stacks = parse(raw)
-    report("Spark's Python workers", [(s, c) for s, c in stacks if is_worker(s)], args.top)
-    report("the driver", [(s, c) for s, c in stacks if not is_worker(s)], args.top)
+    summarize(parse(raw), args.top)
     print(f"\nraw stacks: {raw}")
+
+
+def summarize(stacks: list[tuple[list[str], int]], top: int) -> None:
+    kinds: dict[str, list[tuple[list[str], int]]] = {}
+    for stack, count in stacks:
+        kinds.setdefault(process_kind(stack), []).append((stack, count))
+    total = sum(c for _, c in stacks)
+    for kind, part in sorted(kinds.items(), key=lambda kv: -sum(c for _, c in kv[1])):
+        print(f"{100 * sum(c for _, c in part) / total:5.1f}% of samples: {kind}")
+    for kind, part in sorted(kinds.items(), key=lambda kv: -sum(c for _, c in kv[1]))[:3]:
+        report(kind, part, top)
 
 
 if __name__ == "__main__":
