@@ -115,7 +115,7 @@ def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> 
             found = f.read().strip()
         if found != instance:
             raise OptionError(f"The Spark checkpoints in {root} belong to another store", got=found,
-                              hint=f"this store ({store.url}) is {instance}: pass a checkpoint_dir of its own, "
+                              hint=f"this store ({store.shown_url}) is {instance}: pass a checkpoint_dir of its own, "
                                    "or delete that directory to start the topology over")
     else:
         os.makedirs(root, exist_ok=True)

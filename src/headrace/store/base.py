@@ -49,6 +49,7 @@ class StoredRecord(NamedTuple):
 
 class Store(Protocol):
     url: str
+    shown_url: str  # the URL without its password, for messages
     failpoint: Failpoint | None
 
     # -- writers --------------------------------------------------------------------------------

@@ -101,6 +101,10 @@ class PostgresStore(SQLStore):
     def _lock_producer(self, producer: str) -> None:
         self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))
 
+    @property
+    def shown_url(self) -> str:
+        return _redacted(self.url)
+
     def close(self) -> None:
         self._db.close()
 

@@ -58,6 +58,11 @@ class SQLStore:
     def close(self) -> None:
         raise NotImplementedError
 
+    @property
+    def shown_url(self) -> str:
+        """The URL as error messages show it (no password)."""
+        return self.url
+
     # -- plumbing -------------------------------------------------------------------------------------
     def _step(self, name: str) -> None:
         if self.failpoint is not None:
@@ -80,7 +85,7 @@ class SQLStore:
             row = self._one("SELECT shards FROM computations WHERE name = ?", (computation,))
             if row[0] != shards:
                 raise StoreError(
-                    f"Computation {computation!r} was created with {row[0]} shards in {self.url}",
+                    f"Computation {computation!r} was created with {row[0]} shards in {self.shown_url}",
                     got=shards,
                     hint=f"keep shards={row[0]}, or give the changed computation a new name",
                 )
@@ -92,7 +97,7 @@ class SQLStore:
         row = self._one("UPDATE computations SET sequencer = sequencer + 1 WHERE name = ? RETURNING sequencer",
                         (computation,))
         if row is None:
-            raise StoreError(f"Computation {computation!r} is not registered in {self.url}", got=computation,
+            raise StoreError(f"Computation {computation!r} is not registered in {self.shown_url}", got=computation,
                              hint="call store.register(name, shards) first")
         return int(row[0])
 
@@ -116,7 +121,7 @@ class SQLStore:
             row = self._one("SELECT version, output_watermark FROM shards WHERE computation = ? AND shard = ?",
                             (computation, shard))
             if row is None:
-                raise StoreError(f"Shard {shard} of {computation!r} does not exist in {self.url}", got=shard,
+                raise StoreError(f"Shard {shard} of {computation!r} does not exist in {self.shown_url}", got=shard,
                                  hint="register the computation with enough shards first")
             due = [DueTimer(*r) for r in self._all(
                 "SELECT key, tag, domain, timestamp FROM timers WHERE computation = ? AND shard = ? AND "

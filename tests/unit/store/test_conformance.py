@@ -343,3 +343,14 @@ def test_a_store_has_one_instance_id_for_its_lifetime(store: Any, reopen: Any) -
     ident = store.instance_id()
     assert re.fullmatch(r"[0-9a-f]{32}", ident)
     assert reopen().instance_id() == ident == store.instance_id()
+
+
+def test_store_errors_never_show_a_password(postgres_server: Any) -> None:
+    url = postgres_server.new_database().replace("headrace@", "headrace:hunter2@")  # trust auth ignores it
+    store = open_store(url)
+    try:
+        with pytest.raises(StoreError, match=r"^Computation 'nobody' is not registered in postgresql://headrace:\*\*\*@") as caught:
+            store.acquire_writer("nobody")
+        assert "hunter2" not in str(caught.value)
+    finally:
+        store.close()
