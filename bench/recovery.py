@@ -23,25 +23,14 @@ import tempfile
 import time
 from typing import Any
 
-from headrace import Computation, Topology, injectors, key_by
-from headrace.store import open_store
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-STAGES = ("Windows", "Totals")
+from window_counter import WindowCounter  # noqa: E402
 
+from headrace import Computation, Topology, injectors, key_by  # noqa: E402
+from headrace.store import open_store  # noqa: E402
 
-class Windows(Computation):
-    def process_record(self, ctx: Any, record: Any) -> None:
-        bucket = record.timestamp - record.timestamp % 1_000
-        counts = ctx.state or {}
-        counts[bucket] = counts.get(bucket, 0) + 1
-        ctx.state = counts
-        ctx.set_timer(str(bucket), bucket + 1_000)
-
-    def process_timer(self, ctx: Any, timer: Any) -> None:
-        counts = ctx.state or {}
-        bucket = int(timer.tag)
-        ctx.produce("windows", {"bucket": bucket, "count": counts.pop(bucket, 0)}, timestamp=bucket)
-        ctx.state = counts
+STAGES = ("WindowCounter", "Totals")
 
 
 class Totals(Computation):
@@ -56,7 +45,7 @@ def build(rate: float) -> Topology:
     t = Topology("recovery")
     t.inject("events", injectors.generator(make, int(rate * 3_600), timestamp="ts", rate=rate,
                                            batch_size=max(1, int(rate / 5)), max_delay_ms=300))
-    t.add(Windows, inputs={"events": key_by("user")}, outputs=["windows"])
+    t.add(WindowCounter, inputs={"events": key_by("user")}, outputs=["windows"])
     t.add(Totals, inputs={"windows": key_by(lambda v: str(v["bucket"]))})
     return t
 

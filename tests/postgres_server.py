@@ -49,6 +49,8 @@ class PostgresServer:
             raise RuntimeError("PostgreSQL server binaries (initdb, pg_ctl) were not found; "
                                "install them with: apt-get install -y postgresql")
         self.folder = tempfile.mkdtemp(prefix="headrace-pg-")
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
         port = _free_port()
         self._run("initdb", "-D", f"{self.folder}/data", "-U", "headrace", "-A", "trust", "-E", "UTF8", "--no-sync")
         self._run("pg_ctl", "-D", f"{self.folder}/data", "-l", f"{self.folder}/server.log", "-w", "-t", "60", "-o",
@@ -60,7 +62,6 @@ class PostgresServer:
         assert self.bin is not None and self.folder is not None
         command = [str(self.bin / tool), *args]
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as the postgres user
-            shutil.chown(self.folder, "postgres", "postgres")
             command = ["runuser", "-u", "postgres", "--", *command]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:

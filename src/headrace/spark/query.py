@@ -23,7 +23,7 @@ from ..engine import DedupCache, InputRecord, ShardBatch, run_shard_batch
 from ..engine.watermark import output_low_watermark
 from ..errors import UserCodeError
 from ..model import BEGINNING_OF_TIME
-from ..store import Store, open_store
+from ..store import open_store, shared_store
 from ..topology import ComputationSpec, Topology
 from .keying import CONTROL, KEYED_SCHEMA, REJECTED, Keying
 
@@ -31,17 +31,7 @@ __all__ = ["ComputationQuery", "QueryStats"]
 
 RESULT_DDL = "shard INT, outcome STRING, counters STRING, productions BIGINT, wm_after BIGINT"
 
-_STORES: dict[tuple[str, int], Store] = {}
 _DEDUP = DedupCache()
-
-
-def worker_store(url: str) -> Store:
-    """One store connection per worker process (Python workers are reused across tasks)."""
-    key = (url, os.getpid())
-    store = _STORES.get(key)
-    if store is None:
-        store = _STORES[key] = open_store(url)
-    return store
 
 
 
@@ -73,7 +63,7 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
                     rejected[shard] = [r._replace(key="") for r in records]
                 else:
                     per_shard[shard] = records
-        store = worker_store(url)
+        store = shared_store(url)
         computation = cls()
         rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": [], "wm_after": []}
         for shard in sorted(control):

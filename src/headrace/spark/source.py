@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from ..engine.watermark import input_low_watermark
 from ..model import BEGINNING_OF_TIME
-from ..store import open_store
+from ..store import open_store, shared_store
 from ..store.segments import decode_segment
 from .keying import CONTROL, KEYED_DDL, RECORD, Keying
 
@@ -142,13 +142,10 @@ class HeadraceReader(DataSourceStreamReader):
             }, schema=SOURCE_SCHEMA))
         if not isinstance(partition, SegmentRange):
             return
-        store = open_store(self.url)
-        try:
-            for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
-                for rb in _as_source_batches(decode_segment(blob), partition.stream):
-                    yield self.keying.apply(rb)
-        finally:
-            store.close()
+        store = shared_store(self.url)
+        for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
+            for rb in _as_source_batches(decode_segment(blob), partition.stream):
+                yield self.keying.apply(rb)
 
     def commit(self, end: dict) -> None:
         pass

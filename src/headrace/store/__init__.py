@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import OptionError
@@ -11,7 +12,20 @@ from .failpoints import failpoint_from_env
 from .postgres import PostgresStore
 from .sqlite import SQLiteStore
 
-__all__ = ["open_store", "Store", "SQLiteStore", "PostgresStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
+__all__ = ["open_store", "shared_store", "Store", "SQLiteStore", "PostgresStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
+
+
+_SHARED: dict[tuple[str, int], Store] = {}
+
+
+def shared_store(url: str) -> Store:
+    """This process's one open store for ``url``, kept open (Spark's Python workers are reused
+    across tasks, so a task must not pay for a connection)."""
+    key = (url, os.getpid())
+    store = _SHARED.get(key)
+    if store is None:
+        store = _SHARED[key] = open_store(url)
+    return store
 
 
 def open_store(url: str) -> Store:

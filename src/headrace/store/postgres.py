@@ -72,7 +72,7 @@ class PostgresStore(SQLStore):
                              hint="start the server and check host, port, user and database in the URL") from None
         if self._one("SELECT to_regclass('meta')")[0] is None:
             # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
-            with self._write():
+            with self._transaction():
                 self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     self._x(statement)

@@ -74,12 +74,13 @@ class SQLStore:
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return self._x(sql, params).fetchall()
 
-    def _write(self, begin: str | None = None) -> "_Transaction":
+    def _transaction(self, begin: str | None = None) -> "_Transaction":
+        """``with self._transaction():`` a write transaction; ``_transaction(self.BEGIN_READ)`` a snapshot."""
         return _Transaction(self, begin or self.BEGIN_WRITE)
 
     # -- writers --------------------------------------------------------------------------------
     def register(self, computation: str, shards: int) -> None:
-        with self._write():
+        with self._transaction():
             self._x("INSERT INTO computations(name, shards) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
                     (computation, shards))
             row = self._one("SELECT shards FROM computations WHERE name = ?", (computation,))
@@ -117,7 +118,7 @@ class SQLStore:
 
     # -- one shard batch --------------------------------------------------------------------------
     def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int, wall_clock: int) -> ShardSnapshot:
-        with self._write(self.BEGIN_READ):
+        with self._transaction(self.BEGIN_READ):
             row = self._one("SELECT version, output_watermark FROM shards WHERE computation = ? AND shard = ?",
                             (computation, shard))
             if row is None:
@@ -131,8 +132,8 @@ class SQLStore:
             states: dict[str, bytes] = {}
             if wanted:
                 condition, param = self._in_list("key", wanted)
-                states = {k: bytes(v) for k, v in self._all(
-                    f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param))}
+                states = dict(self._all(
+                    f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param)))
         return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1])
 
     def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]:
@@ -166,12 +167,12 @@ class SQLStore:
         step = self._step
         if not c.strong_productions and c.productions:
             step("weak_productions")  # weak: productions go out first, in a transaction of their own
-            with self._write():
+            with self._transaction():
                 self._check_sequencer(c.computation, c.sequencer)
                 self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
                 self._write_productions(c, resend=True)
         step("begin")
-        with self._write():
+        with self._transaction():
             step("check_sequencer")
             self._check_sequencer(c.computation, c.sequencer)
             step("state")
@@ -272,7 +273,7 @@ class SQLStore:
     def complete_batch(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
                        sequencer: int | None = None) -> int:
         """Journal ``batch`` of ``producer`` as complete; returns the journaled (monotonic) output watermark."""
-        with self._write():
+        with self._transaction():
             self._lock_producer(producer)
             if sequencer is not None:
                 self._check_sequencer(producer, sequencer)
@@ -301,7 +302,7 @@ class SQLStore:
         Publishing a batch that is already journaled does nothing, so an injector that crashed and
         replays from its last checkpoint never doubles a batch.
         """
-        with self._write():
+        with self._transaction():
             self._lock_producer(producer)
             if self._one("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)):
                 return
@@ -352,21 +353,21 @@ class SQLStore:
 
     def segment_blobs(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> list[tuple[int, int, bytes]]:
         """Raw segments (batch, shard, Arrow IPC bytes) of ``producer`` on ``stream`` in (after, upto]."""
-        return [(b, s, bytes(d)) for b, s, d in self._all(
+        return self._all(
             "SELECT batch, shard, data FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ? "
-            "ORDER BY batch, shard", (stream, producer, after_batch, upto_batch))]
+            "ORDER BY batch, shard", (stream, producer, after_batch, upto_batch))
 
     def instance_id(self) -> str:
         """A random id this store's database got when it was created: Spark checkpoints carry it, so
         checkpoints are never resumed against another (or a re-created) database."""
-        with self._write():
+        with self._transaction():
             self._x("INSERT INTO meta VALUES ('instance', ?) ON CONFLICT(name) DO NOTHING", (uuid.uuid4().hex,))
             return str(self._one("SELECT value FROM meta WHERE name = 'instance'")[0])
 
     # -- reading back -------------------------------------------------------------------------------
     def state(self, computation: str, key: str) -> bytes | None:
         row = self._one("SELECT value FROM state WHERE computation = ? AND key = ?", (computation, key))
-        return bytes(row[0]) if row else None
+        return row[0] if row else None
 
     def timers(self, computation: str, key: str) -> list[DueTimer]:
         return [DueTimer(*r) for r in self._all(
@@ -381,7 +382,7 @@ class SQLStore:
 
 
 class _Transaction:
-    """``with store._write():`` BEGIN …; COMMIT on success, ROLLBACK on any exception (a kill included)."""
+    """``with store._transaction():`` BEGIN …; COMMIT on success, ROLLBACK on any exception (a kill included)."""
 
     def __init__(self, store: SQLStore, begin: str):
         self.store, self.begin = store, begin
