@@ -11,19 +11,49 @@ import pytest
 from .postgres_server import PostgresServer
 
 
+# PostgreSQL tests need a server: HEADRACE_TEST_POSTGRES=postgresql://…/postgres names a running one,
+# otherwise one is started from the machine's binaries (scripts/test installs them through
+# scripts/ensure-postgres). A server that cannot start fails those tests, unless
+# HEADRACE_SKIP_POSTGRES=1 is set: then they are skipped, with the reason.
+SKIP_POSTGRES = "HEADRACE_SKIP_POSTGRES"
+
+# Test packages whose every test starts a local SparkSession (the JVM), and the README, whose
+# example runs a topology on Spark: marked `spark`, so `-m "not spark"` selects the quick tests.
+SPARK_PACKAGES = ("spark", "chaos")
+SPARK_DOCS = ("README.md",)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for this session (or ``HEADRACE_TEST_POSTGRES``'s). Missing binaries fail
-    the test under CI, which installs them, and skip it elsewhere with the command that installs them."""
+    """A PostgreSQL server for this session (or ``HEADRACE_TEST_POSTGRES``'s)."""
     server = PostgresServer(os.environ.get("HEADRACE_TEST_POSTGRES"))
+    why_not = _start(server)
+    if why_not is not None and os.environ.get(SKIP_POSTGRES) == "1":
+        pytest.skip(f"{SKIP_POSTGRES}=1 and PostgreSQL could not start: {why_not}")
+    if why_not is not None:
+        pytest.fail(f"PostgreSQL could not start for the store tests: {why_not}\n"
+                    "Hint: install the server with `apt-get install -y postgresql` (scripts/test does it when it "
+                    f"may), or set {SKIP_POSTGRES}=1 to skip the PostgreSQL tests", pytrace=False)
+    yield server
+    server.stop()
+
+
+def _start(server: PostgresServer) -> str | None:
+    """Start the server; why it could not start, if it could not."""
     try:
         server.start()
     except RuntimeError as e:
-        if os.environ.get("CI"):
-            pytest.fail(str(e))
-        pytest.skip(str(e))
-    yield server
-    server.stop()
+        return str(e)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    docs = {tests.parent / name for name in SPARK_DOCS}
+    for item in items:
+        in_package = item.path.is_relative_to(tests) and item.path.relative_to(tests).parts[0] in SPARK_PACKAGES
+        if in_package or item.path in docs:
+            item.add_marker(pytest.mark.spark)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

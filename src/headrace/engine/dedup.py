@@ -17,10 +17,12 @@ class BloomFilter:
     the process that built it (it is rebuilt from the store's exact ids in a new process).
     """
 
-    __slots__ = ("bits", "size", "hashes", "count")
+    __slots__ = ("bits", "size", "hashes", "count", "capacity", "error_rate")
 
     def __init__(self, capacity: int = 100_000, error_rate: float = 0.01):
         capacity = max(capacity, 1)
+        self.capacity = capacity
+        self.error_rate = error_rate
         self.size = max(64, int(-capacity * math.log(error_rate) / (math.log(2) ** 2)))
         self.hashes = max(1, round(self.size / capacity * math.log(2)))
         self.bits = np.zeros((self.size + 7) // 8, dtype=np.uint8)
@@ -47,16 +49,11 @@ class BloomFilter:
         hits = self.bits[positions >> np.uint64(3)] & (1 << (positions & np.uint64(7))).astype(np.uint8)
         return hits.all(axis=1)
 
-    def add(self, item: str) -> None:
-        self.add_many([item])
-
-    def __contains__(self, item: str) -> bool:
-        return bool(self.contains_many([item])[0])
-
     @property
     def saturated(self) -> bool:
-        """True once it holds more than it was sized for; it should then be rebuilt bigger."""
-        return self.count > self.size * (math.log(2) ** 2) / -math.log(0.01)
+        """True once it holds more than it was sized for (its false positives then pass its
+        ``error_rate``); it should be rebuilt bigger."""
+        return self.count > self.capacity
 
 
 class DedupIndex:
@@ -72,7 +69,6 @@ class DedupIndex:
         self._load_all = load_all
         self._bloom: BloomFilter | None = None
         self.version: int | None = None
-        self.exact_checks = 0
 
     def ensure(self, version: int) -> None:
         if self._bloom is None or self.version != version or self._bloom.saturated:
@@ -82,16 +78,18 @@ class DedupIndex:
             self._bloom, self.version = bloom, version
 
     def seen(self, ids: list[str]) -> set[str]:
-        assert self._bloom is not None, "ensure(version) first"
-        bloom = self._bloom
+        bloom = self._built("seen(ids)")
         maybe = [i for i, hit in zip(ids, bloom.contains_many(ids)) if hit]
         if not maybe:
             return set()
-        self.exact_checks += len(maybe)
         return self._lookup(maybe)
 
     def committed(self, version: int, ids: Iterable[str]) -> None:
         """The shard committed ``version`` adding ``ids``: keep the filter in step."""
-        assert self._bloom is not None
-        self._bloom.add_many(list(ids))
+        self._built("committed(version, ids)").add_many(list(ids))
         self.version = version
+
+    def _built(self, call: str) -> BloomFilter:
+        if self._bloom is None:
+            raise RuntimeError(f"DedupIndex.{call} was called before ensure(version): call ensure(version) first")
+        return self._bloom
