@@ -4,30 +4,44 @@
     .venv/bin/python bench/spark_keyed_count.py --keys 5000,50000,500000   # key scaling, one run
     .venv/bin/python bench/spark_keyed_count.py --quick         # 50,000 over 5,000, for a smoke run
 
-Variants, each checked against a plain-Python Counter of the input:
-1. transformWithState (Row API, ValueState per key, RocksDB state store) over a file stream,
-   ``maxFilesPerTrigger=1`` so it sees the same 50,000-record batches headrace does;
-2. headrace (exactly-once, strong productions, SQLite store), ``headrace.run`` to drain, its
-   per-key state read back from the store; its input is published to the bus before the clock
-   starts, as the Spark variant's files are written before its clock starts;
-3. headrace with both off (at-least-once, weak productions);
+The equal work, for every variant that runs on Spark:
+- the same input, landed before the clock starts: headrace's injector publishes it to the bus,
+  the Spark variant's parquet files are written (one per ``--batch`` records);
+- drained as one micro-batch: headrace's source reads every batch published since its last offset,
+  so a pre-published input is a single micro-batch; Spark's file source reads every file present
+  (no ``maxFilesPerTrigger``). Each key's state is therefore read and written once. The number of
+  micro-batches that saw input is counted for each variant and must be the same;
+- a count per key in keyed state, and no output rows: headrace's ``Count`` sets ``ctx.state`` and
+  produces nothing; the StatefulProcessor updates a ValueState and yields nothing, into Spark's
+  ``noop`` sink. The result of each is its state, committed by the engine to its own durable store
+  inside the clock (headrace: one SQLite transaction per shard; Spark: the RocksDB state store
+  and its checkpoint) and read back after the clock stops by the engine's own reader: headrace's
+  ``store.state`` decoded with the computation's codec, Spark's state data source
+  (``spark.read.format("statestore")``). Both must equal a plain-Python Counter of the input.
+
+Variants:
+1. transformWithState (Row API, ValueState per key, RocksDB state store) over a file stream;
+2. headrace (exactly-once, strong productions, SQLite store), ``headrace.run`` to drain;
+3. headrace with both off (at-least-once, weak productions; with no productions, only the missing
+   dedup of record ids differs);
 4. the same Computation in a bare in-memory loop (bench/engine_throughput.py).
-Both Spark variants share one warmed-up SparkSession; session start-up is excluded from both.
+Both Spark variants share one SparkSession, warmed up by a small run of each; session start-up is
+excluded from both.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import platform
 import random
 import resource
+import sqlite3
 import sys
 import tempfile
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -53,8 +67,17 @@ def write_files(data: list[dict[str, Any]], folder: str, batch: int) -> None:
                        os.path.join(folder, f"part-{i // batch:05d}.parquet"))
 
 
-def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> tuple[float, dict[str, int]]:
-    from pyspark.sql import Row
+class Measured(NamedTuple):
+    """One variant's run: seconds on the clock, its per-key counts read back from its state after
+    the clock stopped, how many micro-batches saw input, and how many input rows it processed."""
+
+    seconds: float
+    counts: dict[str, int]
+    batches: int
+    rows: int
+
+
+def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> Measured:
     from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
     from pyspark.sql.types import LongType, StructField, StructType
 
@@ -66,28 +89,27 @@ def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> tuple[
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             n = sum(1 for _ in rows)
-            total = (self.count.get()[0] if self.count.exists() else 0) + n
-            self.count.update((total,))
-            yield Row(key=key[0], count=total)
+            self.count.update(((self.count.get()[0] if self.count.exists() else 0) + n,))
+            return iter(())  # no output rows: the count lives in the state, as headrace's does
 
         def close(self) -> None:
             pass
 
     spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-    stream = spark.readStream.schema("key STRING, ts BIGINT").option("maxFilesPerTrigger", 1).parquet(folder)
+    # no maxFilesPerTrigger: every file present is one micro-batch, as headrace's source reads
+    # every batch already on the bus in one
+    stream = spark.readStream.schema("key STRING, ts BIGINT").parquet(folder)
     counted = stream.groupBy("key").transformWithState(CountProcessor(), "key STRING, count LONG", "Update", "None")
-    totals: dict[str, int] = {}
-
-    def keep(df: Any, batch_id: int) -> None:
-        for row in df.collect():
-            totals[row["key"]] = max(totals.get(row["key"], 0), row["count"])
-
     start = time.perf_counter()
-    query = (counted.writeStream.foreachBatch(keep).outputMode("update").option("checkpointLocation", checkpoint)
+    query = (counted.writeStream.format("noop").outputMode("update").option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    return time.perf_counter() - start, totals
+    elapsed = time.perf_counter() - start
+    inputs = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"] > 0]
+    state = spark.read.format("statestore").option("stateVarName", "count").load(checkpoint)
+    counts = {row["key"]["key"]: row["value"]["count"] for row in state.select("key", "value").collect()}
+    return Measured(elapsed, counts, len(inputs), sum(inputs))
 
 
 class Count(Computation):
@@ -96,7 +118,7 @@ class Count(Computation):
 
 
 def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int, shards: int,
-                 **options: Any) -> tuple[float, dict[str, int]]:
+                 **options: Any) -> Measured:
     """Publishes the input to the bus first (untimed, as the files of the Spark variant are written
     before it starts), then times the computation from its start until it has drained."""
     url = f"sqlite:///{folder}/store.db"
@@ -105,17 +127,40 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
     run(bus, store=url, spark=spark, progress=None)
     t = Topology("keyed_count")
     t.inject("events", injectors.records(data, timestamp="ts", batch_size=batch))
-    t.add(Count, inputs={"events": key_by("key")}, shards=shards, **options)
+    spec = t.add(Count, inputs={"events": key_by("key")}, shards=shards, **options)
     start = time.perf_counter()
     run(t, store=url, spark=spark, progress=None, trigger_ms=50)
     elapsed = time.perf_counter() - start
     store = open_store(url)
-    keys = {r["key"] for r in data}
-    return elapsed, {k: pickle.loads(store.state("Count", k)) for k in keys}
+    try:
+        counts = {}
+        for key in {r["key"] for r in data}:
+            raw = store.state(spec.name, key)
+            if raw is not None:
+                counts[key] = spec.options.codec.decode(raw)
+        # the store has no call that lists keys: count its state rows, so that a key outside the
+        # input would show as well
+        db = sqlite3.connect(f"file:{folder}/store.db?mode=ro", uri=True)
+        try:
+            stored = db.execute("SELECT count(*) FROM state WHERE computation = ?", (spec.name,)).fetchone()[0]
+        finally:
+            db.close()
+        if stored != len(counts):
+            counts["<state rows of other keys>"] = stored - len(counts)
+        return Measured(elapsed, counts, len(store.batches(spec.name)), store.counters(spec.name)["records"])
+    finally:
+        store.close()
 
 
-def warm_up(spark: Any, folder: str) -> None:
-    run_headrace(spark, records(2_000, 100), folder, 1_000, 2)
+def warm_up(spark: Any, folder: str, tws: bool) -> None:
+    """A small run of each Spark variant, so that neither pays the first use of its code paths."""
+    data = records(2_000, 100)
+    run_headrace(spark, data, os.path.join(folder, "headrace"), 1_000, 2)
+    if tws:
+        files = os.path.join(folder, "files")
+        os.makedirs(files)
+        write_files(data, files, 1_000)
+        run_transform_with_state(spark, files, os.path.join(folder, "tws-checkpoint"))
 
 
 def main() -> None:
@@ -135,11 +180,12 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"Spark {args.master}")
-    print(f"workload: keyed count, {args.records:,} records, batches of {args.batch:,}, {args.shards} shards")
+    print(f"workload: keyed count, {args.records:,} records landed in batches (and files) of {args.batch:,}, "
+          f"drained as one micro-batch, {args.shards} shards, no output rows, counts read back from state")
     spark = spark_session(args.master, conf={"spark.sql.shuffle.partitions": str(args.shards)})
     table = []
     with tempfile.TemporaryDirectory(prefix="headrace-spark-bench-") as tmp:
-        warm_up(spark, os.path.join(tmp, "warm"))
+        warm_up(spark, os.path.join(tmp, "warm"), not args.skip_tws)
         for keys in key_counts:
             table.append((keys, measure(spark, args, keys, os.path.join(tmp, f"k{keys}"))))
     print()
@@ -152,27 +198,39 @@ def main() -> None:
     spark.stop()
 
 
+def check(label: str, got: Measured, oracle: dict[str, int], records: int) -> None:
+    """The variant's state, read back after its run, must be the oracle's counts, every key and no
+    other, from every input row; and it must have drained the input as one micro-batch."""
+    assert got.counts == oracle, (f"{label}: counts read back from its state differ from the oracle "
+                                  f"({len(got.counts):,} keys against {len(oracle):,})")
+    assert got.rows == records, f"{label}: processed {got.rows:,} input rows, not {records:,}"
+    assert got.batches == 1, f"{label}: drained the input in {got.batches} micro-batches, not 1 as the others"
+
+
 def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float]]:
     data = records(args.records, keys)
     oracle = dict(Counter(r["key"] for r in data))
     rows = []
-    bare_s, _ = run_bare(make_input(args.records, keys))
-    hr_s, hr_counts = run_headrace(spark, data, os.path.join(tmp, "strong"), args.batch, args.shards)
-    assert hr_counts == oracle, "headrace counts differ from the oracle"
+    bare_s, bare_counts = run_bare(make_input(args.records, keys))
+    assert bare_counts == oracle, "the bare loop's counts differ from the oracle"  # same seed, same keys
+    hr = run_headrace(spark, data, os.path.join(tmp, "strong"), args.batch, args.shards)
+    check("headrace", hr, oracle, args.records)
     rows.append(("bare in-memory loop", args.records / bare_s))
-    rows.append(("headrace (exactly-once, strong productions, SQLite)", args.records / hr_s))
+    rows.append(("headrace (exactly-once, strong productions, SQLite)", args.records / hr.seconds))
     if not args.skip_weak:
-        weak_s, weak_counts = run_headrace(spark, data, os.path.join(tmp, "weak"), args.batch, args.shards,
-                                           semantics="at_least_once", productions="weak")
-        assert weak_counts == oracle, "headrace (at-least-once) counts differ from the oracle"
-        rows.append(("headrace (at-least-once, weak productions, SQLite)", args.records / weak_s))
+        weak = run_headrace(spark, data, os.path.join(tmp, "weak"), args.batch, args.shards,
+                            semantics="at_least_once", productions="weak")
+        check("headrace (at-least-once)", weak, oracle, args.records)
+        rows.append(("headrace (at-least-once, weak productions, SQLite)", args.records / weak.seconds))
     if not args.skip_tws:
         files = os.path.join(tmp, "files")
         os.makedirs(files)
         write_files(data, files, args.batch)
-        tws_s, tws_counts = run_transform_with_state(spark, files, os.path.join(tmp, "tws-checkpoint"))
-        assert tws_counts == oracle, "transformWithState counts differ from the oracle"
-        rows.append(("transformWithState (Row API, RocksDB)", args.records / tws_s))
+        tws = run_transform_with_state(spark, files, os.path.join(tmp, "tws-checkpoint"))
+        check("transformWithState", tws, oracle, args.records)
+        rows.append(("transformWithState (Row API, RocksDB)", args.records / tws.seconds))
+    print(f"  {keys:,} keys: each variant drained {args.records:,} records in one micro-batch; "
+          f"{len(oracle):,} per-key counts read back from each one's state and equal to the oracle", flush=True)
     for label, rate in rows:
         print(f"  {keys:,} keys: {label}: {rate:,.0f} records/s", flush=True)
     return rows
