@@ -6,13 +6,14 @@ import sys
 from typing import Any, TextIO
 
 from .model import Record
-from .store import BatchInfo, open_store
+from .errors import UnknownStreamError
+from .store import DEFAULT_STORE_URL, BatchInfo, open_store
 from .topology import Topology
 
 __all__ = ["run", "read", "watermarks"]
 
 
-def run(topology: Topology, store: str = "sqlite:///headrace.db", master: str = "local[*]", *,
+def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
         checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
@@ -31,7 +32,7 @@ def run(topology: Topology, store: str = "sqlite:///headrace.db", master: str = 
         runner.stop()
 
 
-def read(stream: str, store: str = "sqlite:///headrace.db", *, from_batch: int = 0,
+def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
          since_ms: int | None = None) -> list[Record]:
     """The committed records of ``stream``, producer by producer, in batch order.
 
@@ -41,8 +42,14 @@ def read(stream: str, store: str = "sqlite:///headrace.db", *, from_batch: int =
     """
     db = open_store(store)
     try:
+        producers = db.stream_producers(stream)
+        if not producers:
+            known = db.streams()
+            raise UnknownStreamError(f"No producer writes stream {stream!r} in {db.shown_url}", got=stream,
+                                     hint=f"known streams are {known}" if known else
+                                     "nothing has run on this store yet: run the topology first, or check store=")
         out: list[Record] = []
-        for producer in db.stream_producers(stream):
+        for producer in producers:
             last = db.latest_batch(producer)
             if last is None:
                 continue
@@ -54,7 +61,7 @@ def read(stream: str, store: str = "sqlite:///headrace.db", *, from_batch: int =
         db.close()
 
 
-def watermarks(store: str = "sqlite:///headrace.db") -> dict[str, BatchInfo]:
+def watermarks(store: str = DEFAULT_STORE_URL) -> dict[str, BatchInfo]:
     """The low watermarks journaled in ``store``: per producer (computation or ``inject:<stream>``),
     its latest completed batch with its input and output low watermark."""
     db = open_store(store)

@@ -11,6 +11,7 @@ from typing import Sequence
 
 from .errors import HeadraceError, OptionError
 from .model import BEGINNING_OF_TIME, END_OF_TIME
+from .store import DEFAULT_STORE_URL
 from .topology import Topology
 
 __all__ = ["main"]
@@ -45,15 +46,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run a topology on Spark until drained (or Ctrl-C)")
     p_run.add_argument("topology", help="module:attribute naming a Topology (or a function returning one)")
-    p_run.add_argument("--store", default="sqlite:///headrace.db")
+    p_run.add_argument("--store", default=DEFAULT_STORE_URL)
     p_run.add_argument("--master", default="local[*]")
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
-    p_wm.add_argument("--store", default="sqlite:///headrace.db")
+    p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
     p_read = sub.add_parser("read", help="print the committed records of a stream as JSON lines")
     p_read.add_argument("stream")
-    p_read.add_argument("--store", default="sqlite:///headrace.db")
+    p_read.add_argument("--store", default=DEFAULT_STORE_URL)
     args = parser.parse_args(argv)
 
     from .api import read, run, watermarks

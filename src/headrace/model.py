@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, NamedTuple, Protocol, Union
+from typing import Any, Callable, Literal, NamedTuple, Protocol, Union
 
 from .codecs import Codec, codec_named
 from .errors import InvalidKeyError, OptionError
@@ -233,6 +233,3 @@ def check_domain(domain: str) -> str:
         )
     return domain
 
-
-def unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))

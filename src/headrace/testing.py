@@ -25,9 +25,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from .engine.batch import InputRecord, ShardBatch, shard_of
-from .engine.runner import DedupCache, run_shard_batch
-from .engine.watermark import output_low_watermark
+from .engine import DedupCache, InputRecord, run_batch
 from .errors import InvalidKeyError, OptionError
 from .model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, Timestamp, to_millis
 from .store import Store, open_store
@@ -35,6 +33,8 @@ from .topology import check_computation_class, check_name
 
 __all__ = ["Harness"]
 
+# The harness's one input stream. Its records come from the test's hand, which may repeat an id on
+# purpose: the stream counts as delivered at least once, so ids already seen are discarded.
 HARNESS_STREAM = "input"
 
 
@@ -80,7 +80,7 @@ class Harness:
         ts = to_millis(timestamp)
         rid = id if id is not None else f"harness-{self.name}-{next(self._ids)}"
         record = InputRecord(HARNESS_STREAM, key, value, ts, rid)
-        return self._run({shard_of(key, self.options.shards): [record]}, self._watermark)
+        return self._run([record], self._watermark)
 
     def advance_watermark(self, timestamp: Timestamp) -> list[Record]:
         """Move the input low watermark to ``timestamp``; fires every watermark timer now due."""
@@ -88,7 +88,7 @@ class Harness:
         if target < self._watermark:
             raise OptionError("A low watermark never moves back", got=target,
                               hint=f"advance to {self._watermark} or later")
-        return self._run({}, target)
+        return self._run([], target)
 
     def advance_wall_clock(self, timestamp: Timestamp) -> list[Record]:
         """Move the wall clock to ``timestamp``; fires every wall timer now due."""
@@ -97,26 +97,18 @@ class Harness:
             raise OptionError("The harness wall clock never moves back", got=target,
                               hint=f"advance to {self._wall_clock} or later")
         self._wall_clock = target
-        return self._run({}, self._watermark)
+        return self._run([], self._watermark)
 
-    def _run(self, records_by_shard: dict[int, list[InputRecord]], watermark_after: int) -> list[Record]:
+    def _run(self, records: list[InputRecord], watermark_after: int) -> list[Record]:
         self._batch += 1
-        shards = set(records_by_shard) | set(
-            self.store.shards_with_due_timers(self.name, watermark_after, self._wall_clock))
-        produced: list[Record] = []
-        for shard in sorted(shards):
-            batch = ShardBatch(self.name, shard, self._batch, records_by_shard.get(shard, []),
-                               self._watermark, watermark_after, self._wall_clock, self.sequencer,
-                               frozenset({HARNESS_STREAM}))
-            result = run_shard_batch(self._computation, self.name, self.options, self.outputs,
-                                     self.store, batch, self._dedup)
-            produced.extend(Record(p.key, p.value, p.timestamp, p.id) for p in result.productions)
-        holds = self.store.watermark_holds(self.name)
-        self._output_watermark = self.store.complete_batch(
-            self.name, self._batch, watermark_after,
-            output_low_watermark(self._output_watermark, watermark_after, holds), self.sequencer)
+        outcome = run_batch(self._computation, self.name, self.options, self.outputs, self.store, self.store,
+                            batch=self._batch, records=records, watermark_before=self._watermark,
+                            watermark_after=watermark_after, wall_clock=self._wall_clock,
+                            sequencer=self.sequencer, previous_output=self._output_watermark,
+                            dedup_streams=frozenset({HARNESS_STREAM}), dedup_cache=self._dedup)
+        self._output_watermark = outcome.output_watermark
         self._watermark = watermark_after
-        return produced
+        return [Record(p.key, p.value, p.timestamp, p.id) for p in outcome.productions]
 
     # -- reading back -------------------------------------------------------------------------------
 

@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import TopologyError
+from .errors import OptionError, TopologyError
 from .model import Computation, ComputationOptions, KeyExtractor
 
-__all__ = ["Topology", "ComputationSpec", "Injection"]
+__all__ = ["Topology", "ComputationSpec", "Injection", "InjectOptions"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -27,11 +27,64 @@ def check_name(kind: str, name: object) -> str:
     return name
 
 
+DELIVERIES = ("exactly_once", "at_least_once")
+DATAFRAME_OPTIONS = ("timestamp", "max_delay_ms", "id", "bounded")
+
+
+@dataclass(frozen=True)
+class InjectOptions:
+    """Options of ``Topology.inject(stream, source, **options)``.
+
+    - ``delivery``: ``"exactly_once"`` (default) when the source never sends a record twice, or
+      ``"at_least_once"`` when it may send one again (with the same id, e.g. after its own retry):
+      every consumer of the stream then discards ids it has already seen (MillWheel §5.2; the
+      ``dedup`` computation option, on by default, allows it).
+    - For a Spark streaming DataFrame only: ``timestamp`` (its event-time column, required),
+      ``max_delay_ms`` (how far behind the newest row a row may still arrive; the watermark is the
+      newest timestamp minus this), ``id`` (a column holding record ids; by default ids are
+      positional), ``bounded`` (read what is there with ``availableNow`` and end with the end of time).
+    """
+
+    delivery: str = "exactly_once"
+    timestamp: str | None = None
+    max_delay_ms: int = 0
+    id: str | None = None
+    bounded: bool = False
+
+    @classmethod
+    def parse(cls, stream: str, source: Any, options: Mapping[str, Any]) -> "InjectOptions":
+        dataframe = getattr(source, "isStreaming", False) is True
+        allowed = ("delivery", *DATAFRAME_OPTIONS) if dataframe else ("delivery",)
+        for name, value in options.items():
+            if name not in allowed:
+                extra = "" if dataframe else f"; {list(DATAFRAME_OPTIONS)} apply to a streaming DataFrame only"
+                raise OptionError(f"Stream {stream!r}: unknown injector option {name!r}", got=value,
+                                  hint=f"valid options are {list(allowed)}{extra}")
+        parsed = cls(**options)
+        if parsed.delivery not in DELIVERIES:
+            raise OptionError(f"Stream {stream!r}: option 'delivery' must be one of {list(DELIVERIES)}",
+                              got=parsed.delivery, hint="write delivery='at_least_once' for a source that may repeat records")
+        if dataframe:
+            columns = list(getattr(source, "columns", []))
+            for name in ("timestamp", "id"):
+                column = getattr(parsed, name)
+                if (name == "timestamp" or column is not None) and column not in columns:
+                    raise OptionError(f"Stream {stream!r} needs a column of the DataFrame as {name}=", got=column,
+                                      hint=f"the columns are {columns}")
+            if isinstance(parsed.max_delay_ms, bool) or not isinstance(parsed.max_delay_ms, int) \
+                    or parsed.max_delay_ms < 0:
+                raise OptionError(f"Stream {stream!r}: option 'max_delay_ms' must be an integer >= 0",
+                                  got=parsed.max_delay_ms, hint="e.g. max_delay_ms=5000")
+            if not isinstance(parsed.bounded, bool):
+                raise OptionError(f"Stream {stream!r}: option 'bounded' must be True or False", got=parsed.bounded)
+        return parsed
+
+
 @dataclass(frozen=True)
 class Injection:
     stream: str
     source: Any
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: InjectOptions = field(default_factory=InjectOptions)
 
     @property
     def producers(self) -> list[str]:
@@ -51,9 +104,6 @@ class ComputationSpec:
     inputs: Mapping[str, KeyExtractor]
     outputs: tuple[str, ...]
     options: ComputationOptions
-
-    def instantiate(self) -> Computation:
-        return self.cls()
 
 
 def as_extractor(owner: str, stream: str, extractor: object) -> KeyExtractor:
@@ -112,7 +162,8 @@ class Topology:
     # -- building -------------------------------------------------------------------------------
 
     def inject(self, stream: str, source: Any, **options: Any) -> None:
-        """Declare ``stream`` as fed by an injector ``source`` (see ``headrace.injectors``)."""
+        """Declare ``stream`` as fed by an injector ``source`` (see ``headrace.injectors``); the
+        options are ``InjectOptions``' (``delivery``, and a streaming DataFrame's own), checked here."""
         check_name("stream", stream)
         if stream in self.injections:
             raise TopologyError(
@@ -126,7 +177,7 @@ class Topology:
                 got=None,
                 hint="pass an iterable of records, headrace.injectors.files(...), .generator(...) or a streaming DataFrame",
             )
-        self.injections[stream] = Injection(stream, source, dict(options))
+        self.injections[stream] = Injection(stream, source, InjectOptions.parse(stream, source, options))
 
     def add(
         self,
@@ -217,17 +268,12 @@ class Topology:
             names[:0] = self.injections[stream].producers
         return names
 
-    def consumers(self, stream: str) -> list[ComputationSpec]:
-        return [spec for spec in self.computations.values() if stream in spec.inputs]
-
-    def upstream(self, name: str) -> list[str]:
-        """Every producer of every input stream of computation ``name``."""
+    def dedup_streams(self, name: str) -> frozenset[str]:
+        """The input streams of computation ``name`` whose records are checked against ids seen:
+        those injected with ``delivery="at_least_once"`` (other streams never repeat an id)."""
         spec = self.computation(name)
-        return list(dict.fromkeys(p for s in spec.inputs for p in self.producers(s)))
-
-    def order(self) -> list[ComputationSpec]:
-        """Computations in an order where every producer comes before its consumers."""
-        return list(self.computations.values())
+        return frozenset(s for s in spec.inputs
+                         if s in self.injections and self.injections[s].options.delivery == "at_least_once")
 
     def _refuse_cycle(self, new: ComputationSpec) -> None:
         nodes = {**self.computations, new.name: new}

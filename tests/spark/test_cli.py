@@ -56,11 +56,8 @@ def test_cli_refuses_a_target_that_is_not_module_colon_attribute(capsys: pytest.
 
 
 def test_progress_is_shown_while_it_runs(spark: Any, store_url: str) -> None:
-    from headrace import injectors
     events = searches(600, seed=9)
-    topology = three_stage(events, name="progress")
-    topology.injections["searches"] = type(topology.injections["searches"])(
-        "searches", injectors.records(events, timestamp="ts", batch_size=50, rate=300), {})
+    topology = three_stage(events, name="progress", batch_size=50, rate=300)
     out = io.StringIO()
     runner = SparkRunner(topology, store_url, spark=spark, progress=out, progress_every_s=0.5, trigger_ms=100).start()
     try:

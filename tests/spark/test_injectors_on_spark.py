@@ -1,10 +1,13 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
-from headrace import Topology, injectors, key_by, read, run
+import pytest
+
+from headrace import Computation, Topology, injectors, key_by, read, run
 from headrace.store import open_store
 
 from .pipelines import WindowCounter, oracle, searches
@@ -52,3 +55,36 @@ def test_an_injector_of_several_parts_holds_the_watermark_at_their_minimum(spark
         for part in parts:
             published = [p.output_watermark for p in part if p.completed_at <= b.completed_at]
             assert published and b.input_watermark <= max(published), "consumer passed a part's watermark"
+
+
+class CountIds(Computation):
+    """Per key: every record id it was given, in arrival order."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = [*(ctx.state or []), record.id]
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:  # pragma: no cover - sets none
+        pass
+
+
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
+def test_a_stream_injected_at_least_once_is_deduplicated_by_record_id(spark: Any, store_url: str,
+                                                                      delivery: str) -> None:
+    # a source that sends some records again, with the same id, in later batches (as after a retry)
+    events = [{"user": f"u{i % 7}", "ts": 1_000 + i, "id": f"e{i}"} for i in range(300)]
+    repeats = [dict(e) for e in events[::10]]
+    t = Topology(f"repeats_{delivery}")
+    t.inject("events", injectors.records(events + repeats, timestamp="ts", id=lambda v: v["id"], batch_size=50),
+             delivery=delivery)
+    t.add(CountIds, inputs={"events": key_by("user")}, shards=3)
+    run(t, store=store_url, spark=spark, progress=None, timeout_s=300)
+
+    store = open_store(store_url)
+    seen = {u: pickle.loads(store.state("CountIds", u)) for u in {e["user"] for e in events}}
+    expected = {u: sorted(e["id"] for e in events if e["user"] == u) for u in seen}
+    if delivery == "at_least_once":
+        assert {u: sorted(ids) for u, ids in seen.items()} == expected
+        assert store.counters("CountIds")["duplicates"] == len(repeats)
+    else:  # the source promised no repeats, so nothing checks: each repeat is delivered again
+        assert sum(map(len, seen.values())) == len(events) + len(repeats)
+        assert "duplicates" not in store.counters("CountIds")

@@ -30,11 +30,8 @@ def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: A
 
 
 def test_every_stage_watermark_is_monotonic_and_lags_its_producer_by_at_most_one_batch(spark: Any, store_url: str) -> None:
-    from headrace import injectors
     events = searches(2_000, seed=5)
-    topology = three_stage(events, batch_size=100, name="lagging")
-    topology.injections["searches"] = type(topology.injections["searches"])(
-        "searches", injectors.records(events, timestamp="ts", batch_size=50, rate=200), {})
+    topology = three_stage(events, batch_size=50, name="lagging", rate=200)
     run(topology, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100)
 
     store = open_store(store_url)

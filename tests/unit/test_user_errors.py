@@ -108,9 +108,94 @@ def test_a_key_that_is_not_a_str() -> None:
 def test_producing_to_an_undeclared_stream_names_it() -> None:
     h = Harness(Echo, outputs=["elsewhere"])
     with pytest.raises(UserCodeError, match=exact(
-            "Computation 'Echo' failed on key 'k' at record 'r1' (timestamp 5) (got Computation 'Echo' produced "
+            "Computation 'Echo' failed on key 'k' at record 'r1' (timestamp 5): Computation 'Echo' produced "
             "to undeclared stream 'out' (got 'out'). Hint: declare it: topology.add(..., outputs=['elsewhere', "
-            "'out'])). Hint: fix the computation and run again; the batch was not committed and will be retried "
-            "from its committed point")):
+            "'out']); the batch was not committed and will be retried from its committed point")):
         h.process("k", "v", 5, id="r1")
     assert isinstance(UnknownStreamError("x"), KeyError)
+
+
+class Unpicklable(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = {"callback": lambda: record.value}
+
+
+def test_state_the_codec_cannot_save_names_the_computation_the_key_and_the_codec() -> None:
+    h = Harness(Unpicklable)
+    with pytest.raises(UserCodeError, match=exact(
+            "Computation 'Unpicklable' cannot save the state of key 'k' with the 'pickle' codec (got dict value: "
+            "AttributeError: Can't pickle local object "
+            "'Unpicklable.process_record.<locals>.<lambda>'). Hint: keep state to plain data (dicts, lists, "
+            "numbers, strings) or objects the codec can serialize (no open files, locks, lambdas or generators), "
+            "or pick another codec=")):
+        h.process("k", "v", 5)
+    assert h.state("k") is None and h.counters.get("records", 0) == 0  # nothing of the batch was committed
+
+
+class FakeStreamingDataFrame:
+    """Only what ``Topology.inject`` looks at to tell a streaming DataFrame: ``isStreaming`` and ``columns``."""
+
+    isStreaming = True
+    columns = ["query", "ts"]
+
+
+def test_an_unknown_injector_option_is_refused() -> None:
+    with pytest.raises(OptionError, match=exact(
+            "Stream 'more': unknown injector option 'delivary' (got 'at_least_once'). Hint: valid options are "
+            "['delivery']; ['timestamp', 'max_delay_ms', 'id', 'bounded'] apply to a streaming DataFrame only")):
+        topology().inject("more", [{"w": "a"}], delivary="at_least_once")
+    with pytest.raises(OptionError, match=exact(
+            "Stream 'more': unknown injector option 'max_delay_ms' (got 5). Hint: valid options are "
+            "['delivery']; ['timestamp', 'max_delay_ms', 'id', 'bounded'] apply to a streaming DataFrame only")):
+        topology().inject("more", [{"w": "a"}], max_delay_ms=5)
+    with pytest.raises(OptionError, match=exact(
+            "Stream 'more': option 'delivery' must be one of ['exactly_once', 'at_least_once'] (got 'twice'). "
+            "Hint: write delivery='at_least_once' for a source that may repeat records")):
+        topology().inject("more", [{"w": "a"}], delivery="twice")
+
+
+def test_streaming_dataframe_injector_options_are_checked_where_they_are_written() -> None:
+    df = FakeStreamingDataFrame()
+    with pytest.raises(OptionError, match=exact(
+            "Stream 'more': unknown injector option 'watermark' (got 5). Hint: valid options are "
+            "['delivery', 'timestamp', 'max_delay_ms', 'id', 'bounded']")):
+        topology().inject("more", df, timestamp="ts", watermark=5)
+    with pytest.raises(OptionError, match=exact(
+            "Stream 'more' needs a column of the DataFrame as timestamp= (got 'time'). "
+            "Hint: the columns are ['query', 'ts']")):
+        topology().inject("more", df, timestamp="time")
+    with pytest.raises(OptionError, match=exact(
+            "Stream 'more': option 'max_delay_ms' must be an integer >= 0 (got -1). Hint: e.g. max_delay_ms=5000")):
+        topology().inject("more", df, timestamp="ts", max_delay_ms=-1)
+    t = topology()
+    t.inject("more", df, timestamp="ts", max_delay_ms=2_000, delivery="at_least_once")
+    assert t.injections["more"].options.max_delay_ms == 2_000
+
+
+def test_dedup_applies_to_the_streams_injected_at_least_once() -> None:
+    t = Topology("dedup")
+    t.inject("once", [{"w": "a"}])
+    t.inject("maybe_twice", [{"w": "a"}], delivery="at_least_once")
+    t.add(Echo, inputs={"once": key_by("w"), "maybe_twice": key_by("w")}, outputs=["out"])
+    assert t.dedup_streams("Echo") == frozenset({"maybe_twice"})
+
+
+def test_reading_a_stream_nobody_produces_lists_the_known_streams(tmp_path: Any) -> None:
+    from headrace import read
+    from headrace.errors import UnknownStreamError
+    from headrace.store import open_store
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    with pytest.raises(UnknownStreamError, match=exact(
+            f"No producer writes stream 'wrods' in sqlite:///{tmp_path}/s.db (got 'wrods'). Hint: nothing has run "
+            "on this store yet: run the topology first, or check store=")):
+        read("wrods", url)
+    store = open_store(url)
+    store.declare_stream("words", "inject:words")
+    store.declare_stream("counts", "Counter")
+    store.close()
+    with pytest.raises(UnknownStreamError, match=exact(
+            f"No producer writes stream 'wrods' in sqlite:///{tmp_path}/s.db (got 'wrods'). Hint: known streams "
+            "are ['counts', 'words']")):
+        read("wrods", url)
+    assert read("words", url) == []  # declared, nothing produced yet: empty, not an error

@@ -6,7 +6,20 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["shard_of", "InputRecord", "Production", "DueTimer", "ShardBatch", "ShardSnapshot", "ShardCommit"]
+__all__ = ["shard_of", "id_prefix", "id_sequence", "InputRecord", "Production", "DueTimer", "ShardBatch",
+           "ShardSnapshot", "ShardCommit"]
+
+
+def id_prefix(producer: str, batch: int, shard: int | None = None) -> str:
+    """Record ids are ``<prefix><n>`` for the n-th record a producer made in a batch (on a shard):
+    unique, because a producer commits each (batch, shard) once, and the same on every retry.
+    Injectors have no shards: ``inject:queries:7:0``; computations: ``WindowCounter:2:7:1``."""
+    return f"{producer}:{batch}:" if shard is None else f"{producer}:{shard}:{batch}:"
+
+
+def id_sequence(record_id: str) -> int:
+    """The n of an id made by ``id_prefix``: the record's place in its producer's batch."""
+    return int(record_id.rsplit(":", 1)[1])
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -62,6 +75,8 @@ class ShardBatch:
     sequencer: int
     dedup_streams: frozenset[str] = frozenset()
     rejected: list[InputRecord] = field(default_factory=list)  # bad input for the dead-letter stream
+    positions: dict[str, int] | None = None  # continuous mode: the input read through, per producer
+    journal_as: str | None = None  # continuous mode: the interval's producer name on the bus
 
 
 @dataclass
@@ -94,3 +109,10 @@ class ShardCommit:
     counters: dict[str, int] = field(default_factory=dict)
     strong_productions: bool = True
     exactly_once: bool = True
+    positions: dict[str, int] | None = None
+    journal_as: str | None = None
+
+    @property
+    def producer(self) -> str:
+        """Who the productions are written as on the bus: the computation, or one of its intervals."""
+        return self.journal_as or self.computation

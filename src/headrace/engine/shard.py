@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import OptionError, UnknownStreamError, UserCodeError
+from ..errors import HeadraceError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
-from .batch import DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
+from .batch import DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
 from .watermark import output_low_watermark
 
 __all__ = ["KeyContext", "process_shard"]
@@ -70,7 +70,7 @@ class KeyContext:
 
     def savepoint(self) -> tuple[Any, ...]:
         """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
-        raw = self._raw if self._value is _UNSET else None if self._value is None else self._codec.encode(self._value)
+        raw = self._raw if self._value is _UNSET else None if self._value is None else self._encode(self._value)
         return (raw, self._value is not _UNSET, self._touched, dict(self._timers), dict(self._key_sets),
                 set(self._key_deletes), len(self._productions), self.late_productions)
 
@@ -96,8 +96,20 @@ class KeyContext:
         value = self._value
         if value is None:
             return (self.key, None) if self._raw is not None else None
-        encoded = self._codec.encode(value)
+        encoded = self._encode(value)
         return None if encoded == self._raw else (self.key, encoded)
+
+    def _encode(self, value: Any) -> bytes:
+        try:
+            return self._codec.encode(value)
+        except Exception as exc:
+            raise UserCodeError(
+                f"Computation {self._owner!r} cannot save the state of key {self.key!r} with the "
+                f"{self._codec.name!r} codec",
+                got_text=f"{type(value).__name__} value: {type(exc).__name__}: {exc}",
+                hint="keep state to plain data (dicts, lists, numbers, strings) or objects the codec can "
+                     "serialize (no open files, locks, lambdas or generators), or pick another codec=",
+            ) from exc
 
     # -- the public context -------------------------------------------------------------------------
 
@@ -201,7 +213,7 @@ def process_shard(
     for key in timers_by_key:
         by_key.setdefault(key, [])
 
-    ctx = KeyContext(name, options, outputs, f"{name}:{batch.shard}:{batch.batch}:", snapshot.output_watermark)
+    ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark)
     process_record = computation.process_record
     process_timer = computation.process_timer
     w_before, w_after, wall = batch.watermark_before, batch.watermark_after, batch.wall_clock
@@ -257,7 +269,6 @@ def process_shard(
             state_writes.append(write)
 
     counters["late_productions"] = ctx.late_productions
-    holds = [t.timestamp for t in ctx.timer_sets if t.domain == "watermark"]
     return ShardCommit(
         computation=batch.computation,
         shard=batch.shard,
@@ -271,10 +282,12 @@ def process_shard(
         forget_ids_before=_forget_before(w_after, options),
         productions=ctx._productions,
         input_watermark=w_after,
-        output_watermark=output_low_watermark(snapshot.output_watermark, w_after, holds),
+        output_watermark=output_low_watermark(snapshot.output_watermark, w_after),
         counters={k: v for k, v in counters.items() if v},
         strong_productions=options.productions == "strong",
         exactly_once=options.exactly_once,
+        positions=batch.positions,
+        journal_as=batch.journal_as,
     )
 
 
@@ -292,12 +305,14 @@ def _dead_letter(name: str, key: str, what: str, exc: Exception, stream: str | N
 
 
 def _user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:
-    if isinstance(exc, (UnknownStreamError, OptionError)):
-        detail = str(exc)
-    else:
-        detail = f"{type(exc).__name__}: {exc}"
+    retried = "the batch was not committed and will be retried from its committed point"
+    if isinstance(exc, UserCodeError):
+        return exc  # already names the computation and key
+    if isinstance(exc, HeadraceError):  # a misuse of ctx: its own what, got and hint, once each
+        return UserCodeError(f"Computation {name!r} failed on key {key!r} at {what}: {exc.what}", got=exc.got,
+                             hint=f"{exc.hint}; {retried}" if exc.hint else f"fix the computation; {retried}")
     return UserCodeError(
         f"Computation {name!r} failed on key {key!r} at {what}",
-        got_text=detail,
-        hint="fix the computation and run again; the batch was not committed and will be retried from its committed point",
+        got_text=f"{type(exc).__name__}: {exc}",
+        hint=f"fix the computation and run again; {retried}",
     )

@@ -11,13 +11,9 @@ A shard's version is the last batch it committed; versions only move forward.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
-
 from ..errors import StaleBatchError
 from .batch import Production, ShardCommit
-
-if TYPE_CHECKING:
-    from ..store.base import Store
+from .ports import ShardStore
 
 __all__ = ["TxState", "ShardTransaction"]
 
@@ -75,8 +71,9 @@ class ShardTransaction:
         self.commit_record = commit
         return commit
 
-    def commit(self, store: "Store") -> list[Production]:
-        assert self.commit_record is not None
+    def commit(self, store: ShardStore) -> list[Production]:
+        if self.state is not TxState.PREPARED or self.commit_record is None:
+            raise RuntimeError(f"shard transaction cannot commit from {self.state.value}: prepare(commit) first")
         try:
             store.commit_shard(self.commit_record)
         except BaseException:

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any
 
-from ..engine.batch import Production
+from ..engine.batch import Production, id_prefix
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
@@ -20,7 +20,6 @@ from ..topology import Injection
 __all__ = ["DataFrameInjector", "is_streaming_dataframe"]
 
 _TS = "__headrace_ts"
-_OPTIONS = {"timestamp", "max_delay_ms", "id", "bounded"}
 
 
 def is_streaming_dataframe(source: Any) -> bool:
@@ -30,18 +29,11 @@ def is_streaming_dataframe(source: Any) -> bool:
 class DataFrameInjector:
     def __init__(self, injection: Injection, producer: str, url: str, checkpoint_root: str, trigger_ms: int):
         self.stream, self.df, self.producer, self.url = injection.stream, injection.source, producer, url
-        options = dict(injection.options)
-        unknown = sorted(set(options) - _OPTIONS)
-        if unknown:
-            raise OptionError(f"Stream {self.stream!r}: unknown DataFrame injector option {unknown[0]!r}",
-                              got=options[unknown[0]], hint=f"valid options are {sorted(_OPTIONS)}")
-        self.ts_column = options.get("timestamp")
-        if self.ts_column not in self.df.columns:
-            raise OptionError(f"Stream {self.stream!r} needs the DataFrame's event-time column as timestamp=",
-                              got=self.ts_column, hint=f"the columns are {self.df.columns}")
-        self.id_column = options.get("id")
-        self.max_delay_ms = int(options.get("max_delay_ms", 0))
-        self.bounded = bool(options.get("bounded", False))
+        options = injection.options  # checked by Topology.inject
+        self.ts_column = options.timestamp
+        self.id_column = options.id
+        self.max_delay_ms = options.max_delay_ms
+        self.bounded = options.bounded
         self.checkpoint = os.path.join(checkpoint_root, f"inject-{self.stream}")
         self.trigger_ms = trigger_ms
         self.finished = threading.Event()
@@ -75,13 +67,14 @@ class DataFrameInjector:
     def _publish(self, df: Any, batch_id: int) -> None:
         rows = [r.asDict(recursive=True) for r in df.collect()]
         records = []
+        prefix = id_prefix(self.producer, batch_id + 1)
         for n, row in enumerate(rows):
             ts = row.pop(_TS)
             if ts is None:
                 raise OptionError(f"Stream {self.stream!r} got a row with no {self.ts_column!r}", got=row,
                                   hint="filter such rows out of the DataFrame, or fill the column")
             self._high = ts if self._high is None or ts > self._high else self._high
-            rid = str(row[self.id_column]) if self.id_column else f"{self.producer}:{batch_id + 1}:{n}"
+            rid = str(row[self.id_column]) if self.id_column else f"{prefix}{n}"
             records.append(Production(self.stream, None, row, ts, rid))
         watermark = BEGINNING_OF_TIME if self._high is None else self._high - self.max_delay_ms
         store = open_store(self.url)

@@ -17,17 +17,30 @@ from ..engine import shard_of
 from ..errors import BadInputError
 from ..model import KeyExtractor
 
-__all__ = ["Keying", "KEYED_SCHEMA", "KEYED_DDL", "RECORD", "CONTROL", "REJECTED", "partition_labels",
+__all__ = ["Keying", "SOURCE_SCHEMA", "KEYED_SCHEMA", "KEYED_DDL", "ddl", "RECORD", "CONTROL", "REJECTED", "partition_labels",
            "spark_hash_int"]
 
 RECORD, CONTROL, REJECTED = 0, 1, 2
-KEYED_SCHEMA = pa.schema([
+# A consumer's input row, as the source reads it (no shard yet); keying adds the shard and the
+# partition label that sends it to its shard's task.
+SOURCE_SCHEMA = pa.schema([
     ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
-    ("timestamp", pa.int64()), ("id", pa.string()), ("shard", pa.int32()), ("part", pa.int32()),
+    ("timestamp", pa.int64()), ("id", pa.string()),
     ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
 ])
-KEYED_DDL = ("kind TINYINT, stream STRING, key STRING, value BINARY, timestamp BIGINT, id STRING, shard INT, "
-             "part INT, wm_before BIGINT, wm_after BIGINT, wall BIGINT")
+KEYED_SCHEMA = pa.schema([*SOURCE_SCHEMA][:6] + [pa.field("shard", pa.int32()), pa.field("part", pa.int32())]
+                         + [*SOURCE_SCHEMA][6:])
+
+_DDL_TYPES = {pa.int8(): "TINYINT", pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING",
+              pa.binary(): "BINARY"}
+
+
+def ddl(schema: pa.Schema) -> str:
+    """The Spark DDL string of an Arrow schema (the few types these rows use)."""
+    return ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in schema)
+
+
+KEYED_DDL = ddl(KEYED_SCHEMA)
 
 
 def spark_hash_int(value: int, seed: int = 42) -> int:

@@ -19,17 +19,19 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 
-from ..engine import DedupCache, InputRecord, ShardBatch, run_shard_batch
-from ..engine.watermark import output_low_watermark
+from ..engine import DedupCache, InputRecord, ShardBatch, finish_batch, run_shard_batch
 from ..errors import UserCodeError
 from ..model import BEGINNING_OF_TIME
 from ..store import open_store, shared_store
 from ..topology import ComputationSpec, Topology
-from .keying import CONTROL, KEYED_SCHEMA, REJECTED, Keying
+from .keying import CONTROL, KEYED_SCHEMA, REJECTED, Keying, ddl
 
 __all__ = ["ComputationQuery", "QueryStats"]
 
-RESULT_DDL = "shard INT, outcome STRING, counters STRING, productions BIGINT, wm_after BIGINT"
+# One row per shard a task ran: how its batch ended, for the driver.
+RESULT_SCHEMA = pa.schema([("shard", pa.int32()), ("outcome", pa.string()), ("counters", pa.string()),
+                           ("productions", pa.int64()), ("wm_after", pa.int64())])
+RESULT_DDL = ddl(RESULT_SCHEMA)
 
 _DEDUP = DedupCache()
 
@@ -76,9 +78,7 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
             rows["counters"].append(json.dumps(result.counters))
             rows["productions"].append(len(result.productions))
             rows["wm_after"].append(wm_after)
-        yield pa.RecordBatch.from_pydict(rows, schema=pa.schema([
-            ("shard", pa.int32()), ("outcome", pa.string()), ("counters", pa.string()),
-            ("productions", pa.int64()), ("wm_after", pa.int64())]))
+        yield pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)
     return task
 
 
@@ -133,9 +133,7 @@ class ComputationQuery:
         self.store.register(spec.name, spec.options.shards)
         self.sequencer = self.store.acquire_writer(spec.name)
         self.subscriptions = [(s, p) for s in spec.inputs for p in topology.producers(s)]
-        self.dedup_streams = frozenset(
-            s for s in spec.inputs
-            if s in topology.injections and topology.injections[s].options.get("delivery") == "at_least_once")
+        self.dedup_streams = topology.dedup_streams(spec.name)
         last = self.store.latest_batch(spec.name)
         self.stats = QueryStats()
         if last is not None:
@@ -174,10 +172,7 @@ class ComputationQuery:
         if not results:
             return
         wm_after = results[0].wm_after
-        holds = self.store.watermark_holds(spec.name)
-        out = self.store.complete_batch(spec.name, batch_no, wm_after,
-                                        output_low_watermark(self.stats.output_watermark, wm_after, holds),
-                                        self.sequencer)
+        out = finish_batch(self.store, spec.name, batch_no, wm_after, self.stats.output_watermark, self.sequencer)
         with self._lock:
             self.stats.batches += 1
             self.stats.input_watermark = max(self.stats.input_watermark, wm_after)

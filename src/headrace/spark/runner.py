@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from ..engine.batch import Production
+from ..engine.batch import Production, id_prefix
 from ..errors import HeadraceError, OptionError, UserCodeError
 from ..injectors import Injector, RecordsInjector, Several
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
-from ..store import Store, open_store
+from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
 from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import ComputationQuery, QueryStats
@@ -80,7 +80,8 @@ class InjectorThread(threading.Thread):
                 if self.stopping.is_set():
                     return
                 batch += 1
-                prods = [Production(self.stream, None, v, ts, rid or f"{self.producer}:{batch}:{n}")
+                prefix = id_prefix(self.producer, batch)
+                prods = [Production(self.stream, None, v, ts, rid or f"{prefix}{n}")
                          for n, (v, ts, rid) in enumerate(injected.records)]
                 store.publish(self.producer, batch, {self.stream: prods}, injected.watermark, injected.checkpoint)
                 self.published += len(prods)
@@ -127,7 +128,7 @@ def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> 
 class SparkRunner:
     """Runs a topology on Spark. ``start()``, then ``wait()`` (drained) or ``stop()``."""
 
-    def __init__(self, topology: Topology, store: str = "sqlite:///headrace.db", master: str = "local[*]",
+    def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
                  progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None):
         self.topology = topology
@@ -135,6 +136,9 @@ class SparkRunner:
         try:
             self.url = opened.url
             self.checkpoint_root = checkpoint_root(opened, topology.name, checkpoint_dir)
+            for stream in sorted(topology.streams()):
+                for producer in topology.producers(stream):
+                    opened.declare_stream(stream, producer)
         finally:
             opened.close()
         self.master = master

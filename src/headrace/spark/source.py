@@ -22,15 +22,10 @@ from ..engine.watermark import input_low_watermark
 from ..model import BEGINNING_OF_TIME
 from ..store import open_store, shared_store
 from ..store.segments import decode_segment
-from .keying import CONTROL, KEYED_DDL, RECORD, Keying
+from .keying import CONTROL, KEYED_DDL, RECORD, SOURCE_SCHEMA, Keying
 
-__all__ = ["HeadraceSource", "SOURCE_SCHEMA"]
+__all__ = ["HeadraceSource"]
 
-SOURCE_SCHEMA = pa.schema([
-    ("kind", pa.int8()), ("stream", pa.string()), ("key", pa.string()), ("value", pa.binary()),
-    ("timestamp", pa.int64()), ("id", pa.string()),
-    ("wm_before", pa.int64()), ("wm_after", pa.int64()), ("wall", pa.int64()),
-])
 
 
 @dataclass

@@ -7,12 +7,13 @@ import os
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import OptionError
-from .base import COMMIT_STEPS, BatchInfo, Store, StoredRecord
+from .base import COMMIT_STEPS, DEFAULT_STORE_URL, BatchInfo, Store, StoredRecord
 from .failpoints import failpoint_from_env
 from .postgres import PostgresStore
 from .sqlite import SQLiteStore
 
-__all__ = ["open_store", "shared_store", "Store", "SQLiteStore", "PostgresStore", "COMMIT_STEPS", "BatchInfo", "StoredRecord"]
+__all__ = ["open_store", "shared_store", "Store", "SQLiteStore", "PostgresStore", "COMMIT_STEPS", "BatchInfo",
+           "StoredRecord", "DEFAULT_STORE_URL"]
 
 
 _SHARED: dict[tuple[str, int], Store] = {}
@@ -33,7 +34,7 @@ def open_store(url: str) -> Store:
     ``postgresql://user:password@host:5432/database``."""
     if not isinstance(url, str):
         raise OptionError("A store is named by a URL string", got=url,
-                          hint="pass store='sqlite:///headrace.db'")
+                          hint=f"pass store={DEFAULT_STORE_URL!r}")
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
         path = url[len("sqlite:///"):].split("?", 1)[0] if url.startswith("sqlite:///") else ""

@@ -13,40 +13,11 @@ from typing import Any, Sequence
 
 from ..errors import StoreError
 from .base import Failpoint
+from .schema import schema_statements
 from .sql import SQLStore
 
 __all__ = ["PostgresStore"]
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS computations(
-  name TEXT PRIMARY KEY, shards BIGINT NOT NULL, sequencer BIGINT NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS shards(
-  computation TEXT, shard BIGINT, version BIGINT NOT NULL,
-  input_watermark BIGINT NOT NULL, output_watermark BIGINT NOT NULL,
-  PRIMARY KEY(computation, shard));
-CREATE TABLE IF NOT EXISTS state(
-  computation TEXT, key TEXT, value BYTEA NOT NULL, PRIMARY KEY(computation, key));
-CREATE TABLE IF NOT EXISTS timers(
-  computation TEXT, key TEXT, tag TEXT, shard BIGINT NOT NULL, domain TEXT NOT NULL, timestamp BIGINT NOT NULL,
-  PRIMARY KEY(computation, key, tag));
-CREATE INDEX IF NOT EXISTS timers_due ON timers(computation, shard, domain, timestamp);
-CREATE TABLE IF NOT EXISTS seen_ids(
-  computation TEXT, shard BIGINT, id TEXT, timestamp BIGINT NOT NULL,
-  PRIMARY KEY(computation, shard, id));
-CREATE INDEX IF NOT EXISTS seen_ids_age ON seen_ids(computation, shard, timestamp);
-CREATE TABLE IF NOT EXISTS segments(
-  stream TEXT, producer TEXT, batch BIGINT, shard BIGINT, count BIGINT NOT NULL,
-  data BYTEA NOT NULL, created_at BIGINT NOT NULL,
-  PRIMARY KEY(stream, producer, batch, shard));
-CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
-CREATE TABLE IF NOT EXISTS batches(
-  producer TEXT, batch BIGINT, input_watermark BIGINT NOT NULL, output_watermark BIGINT NOT NULL,
-  completed_at BIGINT NOT NULL, PRIMARY KEY(producer, batch));
-CREATE TABLE IF NOT EXISTS checkpoints(producer TEXT PRIMARY KEY, position TEXT);
-CREATE TABLE IF NOT EXISTS counters(
-  computation TEXT, name TEXT, value BIGINT NOT NULL, PRIMARY KEY(computation, name));
-CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
 SCHEMA_LOCK = 0x68656164  # advisory lock id: processes that open a fresh database at once create it once
 
 
@@ -74,7 +45,7 @@ class PostgresStore(SQLStore):
             # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
             with self._transaction():
                 self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-                for statement in filter(str.strip, SCHEMA.split(";")):
+                for statement in schema_statements("postgresql"):
                     self._x(statement)
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:

@@ -12,10 +12,11 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
-from ..engine.batch import DueTimer, Production, ShardCommit, ShardSnapshot
+from ..engine.batch import DueTimer, Production, ShardCommit, ShardSnapshot, id_sequence
+from ..engine.ports import BatchInfo, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
-from .base import BatchInfo, Failpoint, StoredRecord
+from .base import Failpoint
 from .segments import encode_segment, segment_rows
 
 __all__ = ["SQLStore"]
@@ -151,11 +152,11 @@ class SQLStore:
             "((domain = 'watermark' AND timestamp <= ?) OR (domain = 'wall' AND timestamp <= ?)) ORDER BY shard",
             (computation, watermark, wall_clock))]
 
-    def watermark_holds(self, computation: str) -> list[int]:
-        """The oldest pending watermark timer of the computation, if any: work that holds its output watermark."""
+    def oldest_watermark_timer(self, computation: str) -> int | None:
+        """The timestamp of the computation's oldest pending watermark timer, if any."""
         row = self._one("SELECT MIN(timestamp) FROM timers WHERE computation = ? AND domain = 'watermark'",
                         (computation,))
-        return [] if row[0] is None else [int(row[0])]
+        return None if row[0] is None else int(row[0])
 
     def next_wall_timer(self, computation: str) -> int | None:
         row = self._one("SELECT MIN(timestamp) FROM timers WHERE computation = ? AND domain = 'wall'", (computation,))
@@ -263,12 +264,18 @@ class SQLStore:
         for stream, data in self._all("SELECT stream, data FROM segments WHERE producer = ? AND batch = ? AND shard = ?",
                                       (computation, batch, shard)):
             out.extend(Production(stream, *r) for r in segment_rows(data))
-        out.sort(key=lambda p: int(p.id.rsplit(":", 1)[1]))
+        out.sort(key=lambda p: id_sequence(p.id))
         return out
 
     # -- the bus and the watermark journal ----------------------------------------------------------
-    def append_segment(self, stream: str, producer: str, batch: int, shard: int, records: list[Production]) -> None:
-        self._put_segments([(stream, producer, batch, shard, len(records), encode_segment(records), _now())])
+    def declare_stream(self, stream: str, producer: str) -> None:
+        """Record that ``producer`` writes ``stream``, so readers know the stream before its first record."""
+        self._x("INSERT INTO streams VALUES (?, ?) ON CONFLICT(stream, producer) DO NOTHING", (stream, producer))
+
+    def streams(self) -> list[str]:
+        """Every stream declared or written in this store."""
+        return [r[0] for r in self._all("SELECT stream FROM streams UNION SELECT DISTINCT stream FROM segments "
+                                        "ORDER BY 1")]
 
     def complete_batch(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
                        sequencer: int | None = None) -> int:
@@ -348,8 +355,9 @@ class SQLStore:
         return int(row[0] or 0)
 
     def stream_producers(self, stream: str) -> list[str]:
-        return [r[0] for r in self._all("SELECT DISTINCT producer FROM segments WHERE stream = ? ORDER BY producer",
-                                        (stream,))]
+        return [r[0] for r in self._all("SELECT producer FROM streams WHERE stream = ? UNION "
+                                        "SELECT DISTINCT producer FROM segments WHERE stream = ? ORDER BY 1",
+                                        (stream, stream))]
 
     def segment_blobs(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> list[tuple[int, int, bytes]]:
         """Raw segments (batch, shard, Arrow IPC bytes) of ``producer`` on ``stream`` in (after, upto]."""

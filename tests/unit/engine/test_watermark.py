@@ -1,4 +1,4 @@
-"""engine/watermark.py: the low watermark arithmetic of DESIGN §2.4 (monotonic, bounded by holds)."""
+"""engine/watermark.py: the low watermark arithmetic of docs/architecture.md §2.4 (monotonic, bounded by holds)."""
 
 from __future__ import annotations
 

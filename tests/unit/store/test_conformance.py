@@ -1,4 +1,4 @@
-"""The backing store contract (DESIGN §2-§3), through ``open_store`` and the ``Store`` protocol only.
+"""The backing store contract (docs/architecture.md §2 and §3.6), through ``open_store`` and the ``Store`` protocol only.
 
 Every store implementation must pass this file: it runs once per ``store_url`` parameter (see
 conftest.py). Nothing here may depend on SQLite, except the tests marked "SQLite only".
@@ -52,7 +52,7 @@ def view(store: Any) -> dict[str, Any]:
         "seen": {s: sorted(store.all_seen_ids(C, s)) for s in range(2)},
         "segments": {s: list(store.read_segments(s, C, 0, 100)) for s in STREAMS},
         "counters": store.counters(C),
-        "holds": store.watermark_holds(C),
+        "oldest_timer": store.oldest_watermark_timer(C),
         "journal": store.batches(C),
     }
 
@@ -271,16 +271,16 @@ def test_read_segments_returns_batches_after_upto_in_batch_and_shard_order(store
 # -- timers ------------------------------------------------------------------------------------------------
 
 
-def test_watermark_holds_are_the_oldest_pending_watermark_timer(store: Any, writer: int) -> None:
-    assert store.watermark_holds(C) == []
+def test_the_oldest_pending_watermark_timer_and_the_next_wall_timer(store: Any, writer: int) -> None:
+    assert store.oldest_watermark_timer(C) is None
     store.commit_shard(make_commit(1, 0, writer, timer_sets=[
         DueTimer("a", "late", "watermark", 500), DueTimer("b", "early", "watermark", 300),
         DueTimer("c", "wall", "wall", 100)]))
     store.commit_shard(make_commit(1, 0, writer, shard=1, timer_sets=[DueTimer("a", "x", "watermark", 400)]))
-    assert store.watermark_holds(C) == [300]
+    assert store.oldest_watermark_timer(C) == 300
     assert store.next_wall_timer(C) == 100
     store.commit_shard(make_commit(2, 1, writer, timer_deletes=[("b", "early"), ("c", "wall")]))
-    assert store.watermark_holds(C) == [400]
+    assert store.oldest_watermark_timer(C) == 400
     assert store.next_wall_timer(C) is None
 
 

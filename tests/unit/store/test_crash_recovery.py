@@ -1,4 +1,4 @@
-"""Exactly-once across crashes (DESIGN §2.1-§2.3): crash a shard commit at every step, retry it.
+"""Exactly-once across crashes (docs/architecture.md §2.1-§2.3): crash a shard commit at every step, retry it.
 
 A crash is a ``SimulatedCrash`` raised by the store's ``failpoint`` hook at one of
 ``COMMIT_STEPS``. The crashed store object is then thrown away and the very same ``ShardBatch``

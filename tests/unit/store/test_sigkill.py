@@ -51,6 +51,16 @@ def kill(proc: subprocess.Popen) -> None:
     proc.stderr.close()  # type: ignore[union-attr]
 
 
+def journal_head(url: str) -> int:
+    """The last batch the child journaled (a consistent read while it runs, unlike ``check_store``)."""
+    store = open_store(url)
+    try:
+        latest = store.latest_batch(child.NAME)
+        return latest.batch if latest else 0
+    finally:
+        store.close()
+
+
 def check_store(url: str) -> tuple[dict[int, int], int]:
     """Integrity and exactly-once consistency of whatever the kills left; returns the shard
     versions and the number of journaled batches."""
@@ -126,7 +136,14 @@ def test_sigkill_at_random_moments_never_breaks_exactly_once(tmp_path: Path, sto
     for _ in range(kills):
         proc, first = start(db, batches)
         assert first == journaled[-1] + 1  # resumes after the last journaled batch
-        time.sleep(rng.uniform(0.05, 0.5))
+        # each run commits at least one batch before its kill (so the runs make progress however
+        # loaded the machine is), then dies at a random moment among the commits that follow
+        deadline = time.monotonic() + 60
+        while journal_head(db) < first:
+            assert proc.poll() is None, f"the child exited early: {proc.communicate()[1]}"
+            assert time.monotonic() < deadline, "the child committed nothing in 60 s"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
         kill(proc)
         journaled.append(check_store(db)[1])
     assert journaled[-1] > journaled[0], f"no run made progress: {journaled}"

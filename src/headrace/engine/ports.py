@@ -1,0 +1,113 @@
+"""The ports the engine needs, declared by the engine and implemented by the stores.
+
+The engine imports nothing from ``headrace.store``: a store is anything with these methods
+(``SQLiteStore`` and ``PostgresStore`` implement all three, and pass the same conformance tests).
+
+- ``ShardStore``: per-key state, timers and seen ids of one computation's shards, the shard's
+  version, and one shard's batch outcome committed in one transaction (docs/architecture.md §2.2).
+- ``Bus``: streams as segments, one per producer, stream, batch and shard (§3 "Streams").
+- ``Journal``: completed batches of every producer with their low watermarks (§2.4).
+- ``IntervalStore``: all three, plus leases on key intervals, for continuous mode (§4.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, NamedTuple, Protocol
+
+from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
+
+__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "IntervalClaim"]
+
+
+class BatchInfo(NamedTuple):
+    """A completed batch of a producer (a computation, or ``inject:<stream>``) in the journal."""
+
+    producer: str
+    batch: int
+    input_watermark: int
+    output_watermark: int
+    completed_at: int
+
+
+class StoredRecord(NamedTuple):
+    """A record as the bus holds it; ``key`` is the producer's hint (``None`` when it gave none)."""
+
+    key: str | None
+    value: Any
+    timestamp: int
+    id: str
+
+
+class ShardStore(Protocol):
+    """State, timers, seen ids and versions of key shards; the atomic commit of one shard's batch."""
+
+    url: str
+
+    def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int,
+                   wall_clock: int) -> ShardSnapshot: ...
+
+    def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]: ...
+
+    def all_seen_ids(self, computation: str, shard: int) -> Iterable[str]: ...
+
+    def commit_shard(self, commit: ShardCommit) -> None: ...
+
+    def committed_productions(self, computation: str, shard: int, batch: int) -> list[Production]: ...
+
+    def shards_with_due_timers(self, computation: str, watermark: int, wall_clock: int) -> list[int]: ...
+
+    def next_wall_timer(self, computation: str) -> int | None: ...
+
+    def timers(self, computation: str, key: str) -> list[DueTimer]: ...
+
+
+class Bus(Protocol):
+    """Streams: segments committed by producers, readable by any consumer at its own pace."""
+
+    def publish(self, producer: str, batch: int, records: dict[str, list[Production]], watermark: int,
+                checkpoint: str | None = None) -> None: ...
+
+    def segment_blobs(self, stream: str, producer: str, after_batch: int,
+                      upto_batch: int) -> list[tuple[int, int, bytes]]: ...
+
+    def read_segments(self, stream: str, producer: str, after_batch: int,
+                      upto_batch: int) -> Iterator[tuple[int, StoredRecord]]: ...
+
+    def stream_producers(self, stream: str) -> list[str]: ...
+
+
+class Journal(Protocol):
+    """The watermark journal: each producer's completed batches, monotonic."""
+
+    def complete_batch(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
+                       sequencer: int | None = None) -> int: ...
+
+    def batches(self, producer: str, after: int = 0) -> list[BatchInfo]: ...
+
+    def latest_batch(self, producer: str) -> BatchInfo | None: ...
+
+    def batch_info(self, producer: str, batch: int) -> BatchInfo | None: ...
+
+
+class IntervalClaim(NamedTuple):
+    """An interval a worker took: its new sequencer, and where its committed state stands."""
+
+    sequencer: int
+    version: int
+    input_watermark: int
+    positions: dict[str, int]
+
+
+class IntervalStore(ShardStore, Bus, Journal, Protocol):
+    """Leases on key intervals (MillWheel's §6.5): each has one owner at a time, and taking one
+    renews its sequencer, so the previous owner's commits are refused from then on."""
+
+    def claim_interval(self, computation: str, shard: int, owner: str, now: int,
+                       lease_until: int) -> IntervalClaim | None: ...
+
+    def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
+                        lease_until: int) -> set[int]: ...
+
+    def release_interval(self, computation: str, shard: int, sequencer: int) -> None: ...
+
+    def latest_batches(self, producers: list[str]) -> dict[str, int]: ...

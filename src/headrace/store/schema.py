@@ -1,0 +1,50 @@
+"""The store's tables, written once; each dialect fills in its integer and blob types and the
+SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps rows in its index)."""
+
+from __future__ import annotations
+
+__all__ = ["schema_statements"]
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS computations(
+  name TEXT PRIMARY KEY, shards {INT} NOT NULL, sequencer {INT} NOT NULL DEFAULT 0){TABLE};
+CREATE TABLE IF NOT EXISTS shards(
+  computation TEXT, shard {INT}, version {INT} NOT NULL,
+  input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
+  PRIMARY KEY(computation, shard)){TABLE};
+CREATE TABLE IF NOT EXISTS state(
+  computation TEXT, key TEXT, value {BLOB} NOT NULL, PRIMARY KEY(computation, key)){TABLE};
+CREATE TABLE IF NOT EXISTS timers(
+  computation TEXT, key TEXT, tag TEXT, shard {INT} NOT NULL, domain TEXT NOT NULL, timestamp {INT} NOT NULL,
+  PRIMARY KEY(computation, key, tag)){TABLE};
+CREATE INDEX IF NOT EXISTS timers_due ON timers(computation, shard, domain, timestamp);
+CREATE TABLE IF NOT EXISTS seen_ids(
+  computation TEXT, shard {INT}, id TEXT, timestamp {INT} NOT NULL,
+  PRIMARY KEY(computation, shard, id)){TABLE};
+CREATE INDEX IF NOT EXISTS seen_ids_age ON seen_ids(computation, shard, timestamp);
+CREATE TABLE IF NOT EXISTS streams(
+  stream TEXT, producer TEXT, PRIMARY KEY(stream, producer)){TABLE};
+CREATE TABLE IF NOT EXISTS segments(
+  stream TEXT, producer TEXT, batch {INT}, shard {INT}, count {INT} NOT NULL,
+  data {BLOB} NOT NULL, created_at {INT} NOT NULL,
+  PRIMARY KEY(stream, producer, batch, shard)){TABLE};
+CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
+CREATE TABLE IF NOT EXISTS batches(
+  producer TEXT, batch {INT}, input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
+  completed_at {INT} NOT NULL, PRIMARY KEY(producer, batch)){TABLE};
+CREATE TABLE IF NOT EXISTS checkpoints(producer TEXT PRIMARY KEY, position TEXT){TABLE};
+CREATE TABLE IF NOT EXISTS counters(
+  computation TEXT, name TEXT, value {INT} NOT NULL, PRIMARY KEY(computation, name)){TABLE};
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL){TABLE}
+"""
+
+_DIALECTS = {
+    "sqlite": {"INT": "INTEGER", "BLOB": "BLOB", "TABLE": " WITHOUT ROWID"},
+    "postgresql": {"INT": "BIGINT", "BLOB": "BYTEA", "TABLE": ""},
+}
+
+
+def schema_statements(dialect: str) -> list[str]:
+    """The CREATE statements for ``dialect`` (``sqlite`` or ``postgresql``), in order."""
+    text = _TABLES.format(**_DIALECTS[dialect])
+    return [s.strip() for s in text.split(";") if s.strip()]
