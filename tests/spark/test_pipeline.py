@@ -9,11 +9,12 @@ from headrace.store import open_store
 from .pipelines import oracle, searches, three_stage
 
 
-def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: Any, each_store: str) -> None:
+def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: Any, each_store: str,
+                                                                        mode: str) -> None:
     store_url = each_store
     events = searches(3_000)
     assert any(a["ts"] > b["ts"] for a, b in zip(events, events[1:])), "input must be out of order"
-    result = run(three_stage(events), store=store_url, spark=spark, progress=None, timeout_s=300)
+    result = run(three_stage(events), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
 
     expected = oracle(events)
     window = {(r.value["query"], r.value["bucket"]): r.value["count"] for r in read("window_counts", store_url)}

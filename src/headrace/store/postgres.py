@@ -27,6 +27,7 @@ class PostgresStore(SQLStore):
     BEGIN_WRITE = "BEGIN"
     BEGIN_READ = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     FOR_SHARE = " FOR SHARE"
+    FOR_UPDATE = " FOR UPDATE"
     GREATEST = "GREATEST"
 
     def __init__(self, url: str, *, failpoint: Failpoint | None = None):

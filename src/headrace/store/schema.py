@@ -11,7 +11,11 @@ CREATE TABLE IF NOT EXISTS computations(
 CREATE TABLE IF NOT EXISTS shards(
   computation TEXT, shard {INT}, version {INT} NOT NULL,
   input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
+  sequencer {INT} NOT NULL DEFAULT 0, owner TEXT, lease_until {INT} NOT NULL DEFAULT 0,
   PRIMARY KEY(computation, shard)){TABLE};
+CREATE TABLE IF NOT EXISTS positions(
+  computation TEXT, shard {INT}, producer TEXT, batch {INT} NOT NULL,
+  PRIMARY KEY(computation, shard, producer)){TABLE};
 CREATE TABLE IF NOT EXISTS state(
   computation TEXT, key TEXT, value {BLOB} NOT NULL, PRIMARY KEY(computation, key)){TABLE};
 CREATE TABLE IF NOT EXISTS timers(

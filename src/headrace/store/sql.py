@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..engine.batch import DueTimer, Production, ShardCommit, ShardSnapshot, id_sequence
-from ..engine.ports import BatchInfo, StoredRecord
+from ..engine.ports import BatchInfo, IntervalClaim, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
 from .base import Failpoint
@@ -37,6 +37,7 @@ class SQLStore:
     BEGIN_WRITE = "BEGIN"
     BEGIN_READ = "BEGIN"
     FOR_SHARE = ""
+    FOR_UPDATE = ""
     GREATEST = "MAX"
 
     # -- dialect hooks ------------------------------------------------------------------------------
@@ -91,11 +92,11 @@ class SQLStore:
                     got=shards,
                     hint=f"keep shards={row[0]}, or give the changed computation a new name",
                 )
-            self._xmany("INSERT INTO shards VALUES (?, ?, 0, ?, ?) ON CONFLICT(computation, shard) DO NOTHING",
+            self._xmany("INSERT INTO shards(computation, shard, version, input_watermark, output_watermark) "
+                        "VALUES (?, ?, 0, ?, ?) ON CONFLICT(computation, shard) DO NOTHING",
                         [(computation, s, BEGINNING_OF_TIME, BEGINNING_OF_TIME) for s in range(shards)])
 
-    def acquire_writer(self, computation: str) -> int:
-        """Become the one writer of ``computation``: every older writer's commits are refused from now on."""
+    def _next_sequencer(self, computation: str) -> int:
         row = self._one("UPDATE computations SET sequencer = sequencer + 1 WHERE name = ? RETURNING sequencer",
                         (computation,))
         if row is None:
@@ -103,9 +104,79 @@ class SQLStore:
                              hint="call store.register(name, shards) first")
         return int(row[0])
 
+    def acquire_writer(self, computation: str) -> int:
+        """Become the one writer of ``computation`` and of all its shards: every older writer's
+        commits are refused from now on."""
+        with self._transaction():
+            sequencer = self._next_sequencer(computation)
+            self._x("UPDATE shards SET sequencer = ?, owner = NULL, lease_until = 0 WHERE computation = ?",
+                    (sequencer, computation))
+        return sequencer
+
+    # -- key intervals (continuous mode) ------------------------------------------------------------
+    def claim_interval(self, computation: str, shard: int, owner: str, now: int,
+                       lease_until: int) -> IntervalClaim | None:
+        """Take interval ``shard`` if nobody holds a live lease on it: a new sequencer fences
+        every earlier owner. Returns where its committed state stands, or None if it is taken."""
+        with self._transaction():
+            sequencer = self._next_sequencer(computation)  # first: every writer locks the computation, then a shard
+            row = self._one(f"SELECT owner, lease_until, version, input_watermark FROM shards "
+                            f"WHERE computation = ? AND shard = ?{self.FOR_UPDATE}", (computation, shard))
+            if row is None:
+                raise StoreError(f"Shard {shard} of {computation!r} does not exist in {self.shown_url}", got=shard,
+                                 hint="register the computation with enough shards first")
+            if row[0] is not None and row[0] != owner and row[1] >= now:
+                return None
+            self._x("UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? AND shard = ?",
+                    (sequencer, owner, lease_until, computation, shard))
+            positions = {p: int(b) for p, b in self._all(
+                "SELECT producer, batch FROM positions WHERE computation = ? AND shard = ?", (computation, shard))}
+        return IntervalClaim(sequencer, int(row[2]), int(row[3]), positions)
+
+    def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
+                        lease_until: int) -> set[int]:
+        """Extend the leases still held under these sequencers; returns the intervals kept."""
+        kept = set()
+        with self._transaction():
+            for shard, sequencer in sequencers.items():
+                cur = self._x("UPDATE shards SET lease_until = ? WHERE computation = ? AND shard = ? AND sequencer = ? "
+                              "AND owner = ?", (lease_until, computation, shard, sequencer, owner))
+                if cur.rowcount == 1:
+                    kept.add(shard)
+        return kept
+
+    def release_interval(self, computation: str, shard: int, sequencer: int) -> None:
+        self._x("UPDATE shards SET owner = NULL, lease_until = 0 WHERE computation = ? AND shard = ? AND sequencer = ?",
+                (computation, shard, sequencer))
+
+    def interval_owners(self, computation: str) -> dict[int, tuple[str | None, int, int]]:
+        """Per interval: (owner, lease_until, sequencer)."""
+        return {int(s): (o, int(u), int(q)) for s, o, u, q in self._all(
+            "SELECT shard, owner, lease_until, sequencer FROM shards WHERE computation = ? ORDER BY shard",
+            (computation,))}
+
+    def latest_batches(self, producers: list[str]) -> dict[str, int]:
+        """The last batch each producer journaled (absent: none yet), in one query."""
+        if not producers:
+            return {}
+        condition, param = self._in_list("producer", producers)
+        return {p: int(b) for p, b in self._all(
+            f"SELECT producer, MAX(batch) FROM batches WHERE {condition} GROUP BY producer", (param,))}
+
     def sequencer(self, computation: str) -> int:
         row = self._one("SELECT sequencer FROM computations WHERE name = ?", (computation,))
         return int(row[0]) if row else 0
+
+    def _check_shard_sequencer(self, c: ShardCommit) -> None:
+        row = self._one(f"SELECT sequencer FROM shards WHERE computation = ? AND shard = ?{self.FOR_UPDATE}",
+                        (c.computation, c.shard))
+        current = int(row[0]) if row else 0
+        if current != c.sequencer:
+            taker = (f"a newer owner took interval {c.shard} of this computation" if c.journal_as
+                     else "a newer driver took over this computation")
+            raise FencedWriterError(
+                f"Writer of {c.computation!r} with sequencer {c.sequencer} was fenced off: the store's sequencer is "
+                f"{current}", got=c.sequencer, hint=f"{taker}; this process is a zombie and must stop")
 
     def _check_sequencer(self, computation: str, sequencer: int) -> None:
         row = self._one(f"SELECT sequencer FROM computations WHERE name = ?{self.FOR_SHARE}", (computation,))
@@ -169,13 +240,13 @@ class SQLStore:
         if not c.strong_productions and c.productions:
             step("weak_productions")  # weak: productions go out first, in a transaction of their own
             with self._transaction():
-                self._check_sequencer(c.computation, c.sequencer)
+                self._check_shard_sequencer(c)
                 self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
                 self._write_productions(c, resend=True)
         step("begin")
         with self._transaction():
             step("check_sequencer")
-            self._check_sequencer(c.computation, c.sequencer)
+            self._check_shard_sequencer(c)
             step("state")
             self._xmany("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
                         [(c.computation, k, v) for k, v in c.state_writes if v is not None])
@@ -201,8 +272,15 @@ class SQLStore:
             self._xmany("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(computation, name) "
                         "DO UPDATE SET value = counters.value + excluded.value",
                         [(c.computation, k, v) for k, v in sorted(c.counters.items())])
+            if c.positions:
+                self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
+                            "DO UPDATE SET batch = excluded.batch",
+                            [(c.computation, c.shard, p, b) for p, b in sorted(c.positions.items())])
             step("version")
             self._advance_version(c)
+            if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
+                self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
+                        (c.journal_as, c.batch, c.input_watermark, c.output_watermark, _now()))
             step("before_commit")
         step("after_commit")
 
@@ -220,9 +298,9 @@ class SQLStore:
             slot = c.shard
             if resend:
                 sent = self._one("SELECT COUNT(*) FROM segments WHERE stream = ? AND producer = ? AND batch = ? "
-                                 "AND shard % ? = ?", (stream, c.computation, c.batch, WEAK_SLOT, c.shard))[0]
+                                 "AND shard % ? = ?", (stream, c.producer, c.batch, WEAK_SLOT, c.shard))[0]
                 slot += WEAK_SLOT * sent
-            rows.append((stream, c.computation, c.batch, slot, len(ps), encode_segment(ps), now))
+            rows.append((stream, c.producer, c.batch, slot, len(ps), encode_segment(ps), now))
         self._put_segments(rows)
 
     def _put_segments(self, rows: list[tuple]) -> None:
@@ -364,6 +442,17 @@ class SQLStore:
         return self._all(
             "SELECT batch, shard, data FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ? "
             "ORDER BY batch, shard", (stream, producer, after_batch, upto_batch))
+
+    def put_meta(self, name: str, value: str) -> None:
+        self._x("INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value", (name, value))
+
+    def get_meta(self, name: str) -> str | None:
+        row = self._one("SELECT value FROM meta WHERE name = ?", (name,))
+        return None if row is None else str(row[0])
+
+    def metas(self, prefix: str) -> dict[str, str]:
+        return {str(n): str(v) for n, v in self._all("SELECT name, value FROM meta WHERE name LIKE ? ORDER BY name",
+                                                     (prefix.replace("%", r"\%") + "%",))}
 
     def instance_id(self) -> str:
         """A random id this store's database got when it was created: Spark checkpoints carry it, so

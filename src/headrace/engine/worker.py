@@ -1,0 +1,225 @@
+"""Continuous mode's worker loop (docs/architecture.md §4.2): a long-lived process that owns key
+intervals under leases and runs the one batch path for an interval as soon as it has new input,
+a due timer or a watermark that moved.
+
+An interval of computation ``C`` publishes on the bus as producer ``C/<interval>``: each of its
+commits is a batch of that producer, journaled with the interval's watermarks in the same
+transaction as its state, timers, productions, dedup ids and input positions. A consumer reads
+every part of every producer it subscribes to, keys each record, and keeps the ones of the
+intervals it owns; its input low watermark is the minimum, over those parts, of the watermark
+journaled with the last batch it has read, so data and watermark come from one committed point.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..errors import BadInputError, FencedWriterError, StaleBatchError
+from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, KeyExtractor
+from .batch import InputRecord, ShardBatch, shard_of
+from .ports import IntervalClaim, IntervalStore
+from .runner import DedupCache, run_shard_batch
+
+__all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
+
+
+def interval_producer(computation: str, interval: int) -> str:
+    """The bus producer name of one key interval of a computation in continuous mode."""
+    return f"{computation}/{interval}"
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class IntervalPlan:
+    """What a worker needs to run one computation: its code, options and subscriptions
+    (stream -> the producers that write it, and the consumer's key extractor)."""
+
+    name: str
+    cls: type[Computation]
+    options: ComputationOptions
+    outputs: frozenset[str]
+    inputs: Mapping[str, KeyExtractor]
+    producers: Mapping[str, tuple[str, ...]]
+    dedup_streams: frozenset[str] = frozenset()
+
+    @property
+    def all_producers(self) -> list[str]:
+        return sorted({p for ps in self.producers.values() for p in ps})
+
+
+@dataclass
+class OwnedInterval:
+    """Soft state of an interval this worker owns; valid for as long as its lease."""
+
+    shard: int
+    claim: IntervalClaim
+    positions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def version(self) -> int:
+        return self.claim.version
+
+
+class Worker:
+    """One worker: ``run(should_stop)`` until told to stop; ``step()`` is one pass over its intervals."""
+
+    def __init__(self, store: IntervalStore, plans: list[IntervalPlan], owner: str, slot: int, slots: int, *,
+                 lease_ms: int = 3_000, poll_ms: float = 2.0, clock: Callable[[], int] = wall_clock_ms):
+        self.store, self.plans, self.owner = store, plans, owner
+        self.slot, self.slots = slot, slots
+        self.lease_ms, self.poll_s, self.clock = lease_ms, poll_ms / 1000, clock
+        self.owned: dict[str, dict[int, OwnedInterval]] = {p.name: {} for p in plans}
+        self.code = {p.name: p.cls() for p in plans}
+        self.dedup = DedupCache()
+        self.started = clock()
+        self._leases_checked = 0
+        self._watermarks: dict[tuple[str, int], int] = {}
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def _prefers(self, computation: str, shard: int) -> bool:
+        return (zlib.crc32(computation.encode()) + shard) % self.slots == self.slot
+
+    def maintain_leases(self) -> None:
+        """Renew what it owns (dropping what it lost), then take its free intervals, and any
+        interval whose owner has let its lease lapse (a dead or paused worker)."""
+        now = self.clock()
+        until = now + self.lease_ms
+        for plan in self.plans:
+            owned = self.owned[plan.name]
+            if owned:
+                kept = self.store.renew_intervals(plan.name, {s: o.claim.sequencer for s, o in owned.items()},
+                                                  self.owner, until)
+                for shard in set(owned) - kept:
+                    del owned[shard]
+            patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
+            for shard in range(plan.options.shards):
+                if shard in owned:
+                    continue
+                if not (self._prefers(plan.name, shard) or patient):
+                    continue
+                claim = self.store.claim_interval(plan.name, shard, self.owner, now, until)
+                if claim is not None:
+                    positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
+                    owned[shard] = OwnedInterval(shard, claim, positions)
+        self._leases_checked = now
+
+    def release_all(self) -> None:
+        for plan in self.plans:
+            for shard, o in self.owned[plan.name].items():
+                self.store.release_interval(plan.name, shard, o.claim.sequencer)
+            self.owned[plan.name].clear()
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        try:
+            while not should_stop():
+                if self.clock() - self._leases_checked >= self.lease_ms // 4:
+                    self.maintain_leases()
+                if not self.step():
+                    time.sleep(self.poll_s)
+        finally:
+            self.release_all()
+
+    def step(self) -> bool:
+        """One pass: every owned interval with work runs one batch. True if any did."""
+        producers = sorted({p for plan in self.plans for p in plan.all_producers})
+        heads = self.store.latest_batches(producers)
+        wall = self.clock()
+        worked = False
+        for plan in self.plans:
+            owned = self.owned[plan.name]
+            if not owned:
+                continue
+            groups: dict[tuple[tuple[str, int], ...], list[OwnedInterval]] = {}
+            for interval in owned.values():
+                groups.setdefault(tuple(sorted(interval.positions.items())), []).append(interval)
+            for positions, intervals in groups.items():
+                worked |= self._advance(plan, dict(positions), intervals, heads, wall)
+        return worked
+
+    def _advance(self, plan: IntervalPlan, positions: dict[str, int], intervals: list[OwnedInterval],
+                 heads: dict[str, int], wall: int) -> bool:
+        target = {p: max(heads.get(p, 0), positions.get(p, 0)) for p in plan.all_producers}
+        records, rejected = self._read(plan, positions, target, {i.shard for i in intervals})
+        watermark = min((self._watermark_at(p, b) for p, b in target.items()), default=BEGINNING_OF_TIME)
+        due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
+        worked = False
+        for interval in intervals:
+            before = interval.claim.input_watermark
+            after = max(before, watermark)
+            mine = records.get(interval.shard, [])
+            bad = rejected if interval.shard == 0 else []
+            if not (mine or bad or interval.shard in due or after != before or target != interval.positions):
+                continue
+            batch = ShardBatch(plan.name, interval.shard, interval.version + 1, mine, before, after, wall,
+                               interval.claim.sequencer, plan.dedup_streams, bad, positions=dict(target),
+                               journal_as=interval_producer(plan.name, interval.shard))
+            try:
+                run_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store, batch,
+                                self.dedup)
+            except (FencedWriterError, StaleBatchError):
+                del self.owned[plan.name][interval.shard]  # another worker owns it now: its writes win
+                continue
+            interval.claim = interval.claim._replace(version=batch.batch, input_watermark=after)
+            interval.positions = dict(target)
+            worked = True
+        return worked
+
+    def _watermark_at(self, producer: str, batch: int) -> int:
+        """The output watermark ``producer`` journaled with ``batch`` (immutable once journaled)."""
+        if batch == 0:
+            return BEGINNING_OF_TIME
+        key = (producer, batch)
+        mark = self._watermarks.get(key)
+        if mark is None:
+            info = self.store.batch_info(producer, batch)
+            mark = info.output_watermark if info is not None else BEGINNING_OF_TIME
+            if len(self._watermarks) > 10_000:
+                self._watermarks.clear()
+            self._watermarks[key] = mark
+        return mark
+
+    def _read(self, plan: IntervalPlan, positions: dict[str, int], target: dict[str, int],
+              shards: set[int]) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
+        """New records of every subscription, keyed for ``plan``; only those of ``shards`` are kept."""
+        by_shard: dict[int, list[InputRecord]] = {}
+        rejected: list[InputRecord] = []
+        n = plan.options.shards
+        dead_letters = plan.options.on_error == "dead_letter"
+        for stream, producers in plan.producers.items():
+            extractor = plan.inputs[stream]
+            for producer in producers:
+                after, upto = positions.get(producer, 0), target[producer]
+                if upto <= after:
+                    continue
+                for _, r in self.store.read_segments(stream, producer, after, upto):
+                    try:
+                        key = extractor(r.value)
+                    except Exception as exc:
+                        cause = f"{type(exc).__name__}: {exc}"
+                        if not dead_letters:
+                            raise BadInputError(
+                                f"Computation {plan.name!r} cannot take record {r.id!r} of stream {stream!r}: "
+                                f"failed extracting its key with {extractor.description}", got_text=cause,
+                                hint="fix the record or the key extractor, or add the computation with "
+                                     "on_error='dead_letter' to route such records aside") from None
+                        rejected.append(InputRecord(stream, "", _rejection(plan.name, extractor, stream, r, cause),
+                                                    r.timestamp, r.id))
+                        continue
+                    shard = shard_of(key, n)
+                    if shard in shards:
+                        by_shard.setdefault(shard, []).append(InputRecord(stream, key, r.value, r.timestamp, r.id))
+        return by_shard, rejected
+
+
+def _rejection(name: str, extractor: KeyExtractor, stream: str, record: Any, cause: str) -> dict[str, Any]:
+    return {"computation": name, "key": None, "at": f"failed extracting its key with {extractor.description}",
+            "stream": stream, "record_id": record.id, "value": record.value, "error": cause}

@@ -1,0 +1,255 @@
+"""Continuous mode (docs/architecture.md §4.2): long-lived headrace workers hosted by Spark.
+
+    driver: injectors, the watermark authority, the background job (resubmitted if it ends)
+      │ one normal, non-barrier Spark job: a task per worker slot, each a ``Worker`` loop
+      ▼
+    worker: leases on key intervals ─► new input for them ─► user code ─► one commit per interval
+
+No Spark shuffle on the hot path: a worker reads its inputs from the bus, keys them itself and
+keeps the records of the intervals it owns. A record is on the bus, and its consumer can see it,
+from the moment its producer's transaction commits; consumers poll the journal every few ms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Iterator, TextIO
+
+from ..engine.worker import IntervalPlan, Worker, interval_producer
+from ..errors import HeadraceError, UserCodeError
+from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from ..store import open_store
+from ..topology import Topology
+from .inject import DataFrameInjector, is_streaming_dataframe
+from .query import QueryStats
+from .runner import InjectorThread, RunResult, _injectors, _pickle_user_code_by_value
+from .session import spark_session
+
+__all__ = ["ContinuousRunner", "continuous_producers"]
+
+JOB_GROUP = "headrace-continuous"
+
+
+def continuous_producers(topology: Topology, stream: str) -> list[str]:
+    """Who writes ``stream`` in continuous mode: the injector's parts, and every interval of
+    every computation that outputs it."""
+    names = list(topology.injections[stream].producers) if stream in topology.injections else []
+    for spec in topology.computations.values():
+        if stream in spec.outputs:
+            names.extend(interval_producer(spec.name, i) for i in range(spec.options.shards))
+    return names
+
+
+def plans_of(topology: Topology) -> list[IntervalPlan]:
+    return [IntervalPlan(spec.name, spec.cls, spec.options, frozenset(spec.outputs), dict(spec.inputs),
+                         {s: tuple(continuous_producers(topology, s)) for s in spec.inputs},
+                         topology.dedup_streams(spec.name))
+            for spec in topology.computations.values()]
+
+
+def _worker_task(url: str, plans: list[IntervalPlan], slots: int, run_id: str, lease_ms: int,
+                 poll_ms: float) -> Any:
+    def task(index: int, _: Iterator[Any]) -> Iterator[str]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        owner = f"{socket.gethostname()}:{os.getpid()}:task{index}.{context.attemptNumber() if context else 0}"
+        store = open_store(url)
+        store.put_meta(f"worker:{run_id}:{owner}", json.dumps({
+            "slot": index, "pid": os.getpid(), "host": socket.gethostname(),
+            "stage": context.stageId() if context else None, "partition": context.partitionId() if context else None,
+            "attempt": context.attemptNumber() if context else None, "started_at": int(time.time() * 1000)}))
+        stop_key = f"stop:{run_id}"
+        checked = {"at": 0.0, "stop": False}
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if now - checked["at"] > 0.25:
+                checked["at"], checked["stop"] = now, store.get_meta(stop_key) is not None
+            return bool(checked["stop"])
+
+        try:
+            Worker(store, plans, owner, index, slots, lease_ms=lease_ms, poll_ms=poll_ms).run(should_stop)
+        finally:
+            store.close()
+        yield owner
+    return task
+
+
+class ContinuousRunner:
+    """Runs a topology in continuous mode. ``start()``, then ``wait()`` (drained) or ``stop()``."""
+
+    def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
+                 progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
+                 poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100):
+        self.topology = topology
+        self.store = open_store(store)
+        self.url = self.store.url
+        self.master, self.spark, self.progress, self.progress_every_s = master, spark, progress, progress_every_s
+        self.lease_ms, self.poll_ms, self.workers, self.authority_every_ms = lease_ms, poll_ms, workers, authority_every_ms
+        self.run_id = uuid.uuid4().hex[:12]
+        self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
+        self.errors: list[BaseException] = []
+        self.resubmissions = 0
+        self._stopping = threading.Event()
+        self._job: threading.Thread | None = None
+        self._marks: dict[str, tuple[int, int]] = {}
+        self._started = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "ContinuousRunner":
+        self._started = time.time()
+        if self.spark is None:
+            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
+        _pickle_user_code_by_value(self.topology)
+        for spec in self.topology.computations.values():
+            self.store.register(spec.name, spec.options.shards)
+        for stream in sorted(self.topology.streams()):
+            for producer in continuous_producers(self.topology, stream):
+                self.store.declare_stream(stream, producer)
+        for stream, injection in self.topology.injections.items():
+            if is_streaming_dataframe(injection.source):
+                producer = injection.producers[0]
+                from .runner import checkpoint_root
+
+                injector = DataFrameInjector(injection, producer, self.url,
+                                             checkpoint_root(self.store, self.topology.name, None), 200)
+                self.injectors[producer] = injector
+                injector.start()
+                continue
+            for producer, part in zip(injection.producers, _injectors(injection)):
+                thread = InjectorThread(stream, producer, part, self.url, self.errors.append)
+                self.injectors[producer] = thread
+                thread.start()
+        self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
+        self._job.start()
+        return self
+
+    def slots(self) -> int:
+        """Worker slots: the cluster's task slots less one per streaming-DataFrame injector (its
+        queries need a slot to run), and at least one."""
+        if self.workers is not None:
+            return self.workers
+        reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values())
+        return max(1, self.spark.sparkContext.defaultParallelism - reserved)
+
+    def _run_job(self) -> None:
+        sc = self.spark.sparkContext
+        plans = plans_of(self.topology)
+        while not self._stopping.is_set():
+            slots = self.slots()
+            sc.setJobGroup(JOB_GROUP, f"headrace {self.topology.name}: {slots} continuous workers",
+                           interruptOnCancel=True)
+            task = _worker_task(self.url, plans, slots, self.run_id, self.lease_ms, self.poll_ms)
+            try:
+                sc.parallelize(range(slots), slots).mapPartitionsWithIndex(task).collect()
+            except Exception as exc:  # a failed worker: its intervals' leases lapse, a new job takes them
+                if self._stopping.is_set():
+                    return
+                if "headrace.errors." in str(exc):
+                    self.errors.append(_job_error(exc))
+                    return
+                self.resubmissions += 1
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for injector in self.injectors.values():
+            injector.stop()
+        try:
+            self.store.put_meta(f"stop:{self.run_id}", "1")
+        finally:
+            if self._job is not None:
+                self._job.join(timeout=15)
+                if self._job.is_alive():
+                    self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
+                    self._job.join(timeout=15)
+            self.store.close()
+
+    # -- the watermark authority -------------------------------------------------------------------
+
+    def refresh_watermarks(self) -> dict[str, tuple[int, int]]:
+        """Journal each computation's low watermarks: the minimum over its intervals' reports
+        (the watermarks each interval journaled with its last commit). An interval that never
+        committed holds it at the beginning of time."""
+        for spec in self.topology.computations.values():
+            parts = [interval_producer(spec.name, i) for i in range(spec.options.shards)]
+            heads = self.store.latest_batches(parts)
+            infos = [self.store.batch_info(p, heads[p]) if p in heads else None for p in parts]
+            inp = min((i.input_watermark if i else BEGINNING_OF_TIME) for i in infos)
+            out = min((i.output_watermark if i else BEGINNING_OF_TIME) for i in infos)
+            if self._marks.get(spec.name) != (inp, out):
+                last = self.store.latest_batch(spec.name)
+                self.store.complete_batch(spec.name, (last.batch if last else 0) + 1, inp, out)
+                self._marks[spec.name] = (inp, out)
+        return dict(self._marks)
+
+    # -- waiting ------------------------------------------------------------------------------------
+
+    def drained(self) -> bool:
+        return (all(i.finished.is_set() for i in self.injectors.values())
+                and all(self._marks.get(n, (0, 0))[1] == END_OF_TIME for n in self.topology.computations))
+
+    def check(self) -> None:
+        if self.errors:
+            exc = self.errors[0]
+            if isinstance(exc, HeadraceError):
+                raise exc
+            raise UserCodeError("An injector failed", got_text=f"{type(exc).__name__}: {exc}",
+                                hint="fix the source; the injector resumes from its last published batch") from exc
+        for i in self.injectors.values():
+            if isinstance(i, DataFrameInjector):
+                i.check()
+
+    def wait(self, timeout_s: float | None = None) -> RunResult:
+        deadline = None if timeout_s is None else time.time() + timeout_s
+        last_report = time.time()
+        while True:
+            self.refresh_watermarks()
+            if self.drained():
+                break
+            self.check()
+            if deadline is not None and time.time() > deadline:
+                raise TimeoutError(f"topology {self.topology.name!r} did not drain in {timeout_s} s: "
+                                   + self.describe())
+            if self.progress is not None and time.time() - last_report >= self.progress_every_s:
+                print(self.describe(), file=self.progress, flush=True)
+                last_report = time.time()
+            time.sleep(self.authority_every_ms / 1000)
+        self.check()
+        return self.result()
+
+    def result(self) -> RunResult:
+        stats = {}
+        for name in self.topology.computations:
+            inp, out = self._marks.get(name, (BEGINNING_OF_TIME, BEGINNING_OF_TIME))
+            batches = sum(self.store.latest_batches(
+                [interval_producer(name, i) for i in range(self.topology.computations[name].options.shards)]).values())
+            stats[name] = QueryStats(batches, inp, out, self.store.counters(name), 0.0)
+        return RunResult(time.time() - self._started, stats, {p: i.published for p, i in self.injectors.items()})
+
+    def watermarks(self) -> dict[str, tuple[int, int]]:
+        marks = {p: (i.watermark, i.watermark) for p, i in self.injectors.items()}
+        marks.update(self._marks)
+        return marks
+
+    def describe(self) -> str:
+        parts = []
+        for name, (_, out) in self.watermarks().items():
+            shown = "end" if out == END_OF_TIME else "start" if out == BEGINNING_OF_TIME else str(out)
+            parts.append(f"{name}: wm={shown}")
+        return "; ".join(parts)
+
+
+def _job_error(exc: BaseException) -> UserCodeError:
+    text = str(exc)
+    marker = "headrace.errors."
+    detail = text[text.index(marker):].splitlines()[0] if marker in text else text.splitlines()[0]
+    return UserCodeError("A continuous worker failed", got_text=detail,
+                         hint="fix the cause and run again: every interval resumes from its last commit")
