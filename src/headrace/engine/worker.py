@@ -70,7 +70,8 @@ class Worker:
     """One worker: ``run(should_stop)`` until told to stop; ``step()`` is one pass over its intervals."""
 
     def __init__(self, store: IntervalStore, plans: list[IntervalPlan], owner: str, slot: int, slots: int, *,
-                 lease_ms: int = 3_000, poll_ms: float = 2.0, clock: Callable[[], int] = wall_clock_ms):
+                 lease_ms: int = 3_000, poll_ms: float = 2.0, clock: Callable[[], int] = wall_clock_ms,
+                 on_fenced: Callable[[str, int, Exception], None] | None = None):
         self.store, self.plans, self.owner = store, plans, owner
         self.slot, self.slots = slot, slots
         self.lease_ms, self.poll_s, self.clock = lease_ms, poll_ms / 1000, clock
@@ -80,6 +81,8 @@ class Worker:
         self.started = clock()
         self._leases_checked = 0
         self._watermarks: dict[tuple[str, int], int] = {}
+        self.fenced: list[tuple[str, int, str]] = []  # (computation, interval, error) it lost by being fenced
+        self.on_fenced = on_fenced
 
     # -- leases ---------------------------------------------------------------------------------
 
@@ -165,8 +168,11 @@ class Worker:
             try:
                 run_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store, batch,
                                 self.dedup)
-            except (FencedWriterError, StaleBatchError):
+            except (FencedWriterError, StaleBatchError) as exc:
                 del self.owned[plan.name][interval.shard]  # another worker owns it now: its writes win
+                self.fenced.append((plan.name, interval.shard, type(exc).__name__))
+                if self.on_fenced is not None:
+                    self.on_fenced(plan.name, interval.shard, exc)
                 continue
             interval.claim = interval.claim._replace(version=batch.batch, input_watermark=after)
             interval.positions = dict(target)

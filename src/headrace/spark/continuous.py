@@ -73,8 +73,13 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, run_id: str, l
                 checked["at"], checked["stop"] = now, store.get_meta(stop_key) is not None
             return bool(checked["stop"])
 
+        def fenced(computation: str, interval: int, exc: Exception) -> None:
+            store.put_meta(f"fenced:{run_id}:{owner}:{computation}/{interval}:{int(time.time() * 1000)}",
+                           str(exc))
+
         try:
-            Worker(store, plans, owner, index, slots, lease_ms=lease_ms, poll_ms=poll_ms).run(should_stop)
+            Worker(store, plans, owner, index, slots, lease_ms=lease_ms, poll_ms=poll_ms,
+                   on_fenced=fenced).run(should_stop)
         finally:
             store.close()
         yield owner
