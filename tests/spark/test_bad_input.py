@@ -48,14 +48,15 @@ def expected(events: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def test_a_record_whose_key_cannot_be_extracted_fails_the_run_naming_it_then_resumes_after_the_fix(
-        spark: Any, store_url: str) -> None:
+        spark: Any, store_url: str, mode: str) -> None:
     events = EVENTS[:50] + [POISON] + EVENTS[50:]
     with pytest.raises(UserCodeError, match=re.escape(
             "headrace.errors.BadInputError: Computation 'Counter' cannot take record 'inject:events:2:0' "
             "of stream 'events': failed extracting its key with key_by(") ) as failure:
-        run(topology(CountPerUser, events), store=store_url, spark=spark, progress=None, timeout_s=300)
+        run(topology(CountPerUser, events), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     assert "KeyError: 'user'" in str(failure.value)
-    assert "The query of computation 'Counter' failed" in str(failure.value)
+    assert ("The query of computation 'Counter' failed" if mode == "microbatch"
+            else "A continuous worker failed") in str(failure.value)
     assert read("counts", store_url) == []
 
     def fixed_extractor(v: dict[str, Any]) -> str:
@@ -64,13 +65,13 @@ def test_a_record_whose_key_cannot_be_extracted_fails_the_run_naming_it_then_res
     t = Topology("bad_input")
     t.inject("events", injectors.records(events, timestamp="ts", batch_size=50))
     t.add(CountPerUser, name="Counter", inputs={"events": key_by(fixed_extractor)}, outputs=["counts"])
-    run(t, store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     assert counts(store_url) == {**expected(EVENTS), "anonymous": 1}
 
 
-def test_dead_letter_policy_routes_bad_records_aside_and_processes_the_rest(spark: Any, store_url: str) -> None:
+def test_dead_letter_policy_routes_bad_records_aside_and_processes_the_rest(spark: Any, store_url: str, mode: str) -> None:
     events = EVENTS[:30] + [POISON] + EVENTS[30:]
-    run(topology(Picky, events, on_error="dead_letter"), store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(topology(Picky, events, on_error="dead_letter"), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     letters = sorted((r.value["record_id"], r.value["error"]) for r in read("Counter.dead_letter", store_url))
     assert len(letters) == 2
     assert letters[0][1] == "KeyError: 'user'"
@@ -81,13 +82,13 @@ def test_dead_letter_policy_routes_bad_records_aside_and_processes_the_rest(spar
 
 
 def test_user_code_that_raises_fails_naming_computation_key_and_record_and_nothing_is_lost(
-        spark: Any, store_url: str) -> None:
+        spark: Any, store_url: str, mode: str) -> None:
     with pytest.raises(UserCodeError) as failure:
-        run(topology(Picky, EVENTS), store=store_url, spark=spark, progress=None, timeout_s=300)
+        run(topology(Picky, EVENTS), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     message = str(failure.value)
     assert re.search(r"UserCodeError: Computation 'Counter' failed on key 'u0' at record "
                      r"'inject:events:2:27' \(timestamp 1077\) \(got ValueError: cannot handle 77\)", message), message
-    run(topology(CountPerUser, EVENTS), store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(topology(CountPerUser, EVENTS), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     assert counts(store_url) == expected(EVENTS)
     assert open_store(store_url).counters("Counter")["records"] == len(EVENTS)
 
@@ -100,7 +101,7 @@ def test_user_code_that_raises_fails_naming_computation_key_and_record_and_nothi
      "milliseconds since the Unix epoch (1970 to 9999): were these seconds, microseconds or nanoseconds?"),
 ])
 def test_an_injected_record_with_a_missing_or_absurd_timestamp_stops_the_run_naming_it(
-        spark: Any, store_url: str, bad: dict[str, Any], message: str) -> None:
+        spark: Any, store_url: str, bad: dict[str, Any], message: str, mode: str) -> None:
     with pytest.raises(OptionError, match=re.escape(message)):
-        run(topology(CountPerUser, EVENTS[:10] + [bad]), store=store_url, spark=spark, progress=None, timeout_s=300)
+        run(topology(CountPerUser, EVENTS[:10] + [bad]), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     assert read("events", store_url) == []  # the whole (exact-watermark) list is checked before anything is published

@@ -9,11 +9,11 @@ from headrace import read, run
 from headrace.testing import Harness
 
 
-def test_trending_top_k_per_topic_and_window_equals_the_oracle(spark: Any, store_url: str) -> None:
+def test_trending_top_k_per_topic_and_window_equals_the_oracle(spark: Any, store_url: str, mode: str) -> None:
     events = generate(n=3_000, minutes=20, seed=8)
     expected = oracle(events)
     assert len(expected) >= 12 and any(len(top) == TOP_K for top in expected.values())
-    run(build(events, batch_size=400), store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(build(events, batch_size=400), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     produced = read("trending", store_url)
     got = {(r.value["topic"], r.value["window"]): r.value["top"] for r in produced}
     assert len(produced) == len(got)  # every (topic, window) ranked exactly once

@@ -41,9 +41,9 @@ def harness_anomalies(scenario: Scenario) -> list[dict[str, Any]]:
     return [r.value for r in stage(SpikeDetector, scored, "anomalies") + stage(DipDetector, scored, "anomalies")]
 
 
-def test_zeitgeist_finds_exactly_the_injected_anomalies_on_spark_and_on_the_harness(spark: Any, store_url: str) -> None:
+def test_zeitgeist_finds_exactly_the_injected_anomalies_on_spark_and_on_the_harness(spark: Any, store_url: str, mode: str) -> None:
     scenario = short_scenario()
-    run(build(scenario, rate=None, batch_size=2_000), store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(build(scenario, rate=None, batch_size=2_000), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     found = [r.value for r in read("anomalies", store_url)]
     precision, recall, false_alarms = score(found, scenario.truth)
     assert (precision, recall, false_alarms) == (1.0, 1.0, [])
