@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Iterator, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
-from ..errors import HeadraceError, UserCodeError
+from ..errors import HeadraceError, OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
 from ..topology import Topology
@@ -101,6 +101,7 @@ class ContinuousRunner:
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
         self.resubmissions = 0
+        self.removed: set[str] = set()
         self._stopping = threading.Event()
         self._job: threading.Thread | None = None
         self._marks: dict[str, tuple[int, int]] = {}
@@ -136,6 +137,52 @@ class ContinuousRunner:
         self._job.start()
         return self
 
+    def add(self, name: str, start: str | int = "beginning") -> None:
+        """Start computation ``name`` (already in the topology) on the running workers: they are
+        asked to stop, and a new job takes every interval, the new computation's included, from
+        where it was committed. ``start`` is ``"beginning"`` of its inputs, ``"now"``, or a time
+        in ms since the epoch; it applies to a computation that has committed nothing yet."""
+        if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
+            raise OptionError("A computation starts from 'beginning', 'now' or a time in ms since the epoch",
+                              got=start, hint="start='beginning'")
+        spec = self.topology.computation(name)
+        self.removed.discard(name)
+        self.store.register(spec.name, spec.options.shards)
+        for stream in spec.outputs:
+            for producer in continuous_producers(self.topology, stream):
+                self.store.declare_stream(stream, producer)
+        if start != "beginning":
+            producers = sorted({p for s in spec.inputs for p in continuous_producers(self.topology, s)})
+            heads = self.store.latest_batches(producers) if start == "now" else {
+                p: self.store.batch_before(p, int(start)) for p in producers}
+            for shard in range(spec.options.shards):
+                self.store.start_interval_at(name, shard, heads)
+        self._restart_job()
+
+    def remove(self, name: str) -> None:
+        """Stop computation ``name``; the others go on (their workers restart, from their commits)."""
+        self.topology.computation(name)
+        self.removed.add(name)
+        self._restart_job()
+
+    def running(self, name: str) -> bool:
+        return name in self.topology.computations and name not in self.removed and self._job is not None \
+            and self._job.is_alive()
+
+    def batches(self, name: str) -> int:
+        """How many interval commits computation ``name`` has made."""
+        shards = self.topology.computation(name).options.shards
+        return sum(self.store.latest_batches([interval_producer(name, i) for i in range(shards)]).values())
+
+    def _restart_job(self) -> None:
+        if self._job is None:
+            return
+        self.store.put_meta(f"stop:{self.run_id}", "1")
+        self._job.join(timeout=30)
+        self.run_id = uuid.uuid4().hex[:12]
+        self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
+        self._job.start()
+
     def slots(self) -> int:
         """Worker slots: the cluster's task slots less one per streaming-DataFrame injector (its
         queries need a slot to run), and at least one."""
@@ -146,12 +193,13 @@ class ContinuousRunner:
 
     def _run_job(self) -> None:
         sc = self.spark.sparkContext
-        plans = plans_of(self.topology)
-        while not self._stopping.is_set():
+        plans = [p for p in plans_of(self.topology) if p.name not in self.removed]
+        run_id = self.run_id
+        while not self._stopping.is_set() and run_id == self.run_id:
             slots = self.slots()
             sc.setJobGroup(JOB_GROUP, f"headrace {self.topology.name}: {slots} continuous workers",
                            interruptOnCancel=True)
-            task = _worker_task(self.url, plans, slots, self.run_id, self.lease_ms, self.poll_ms)
+            task = _worker_task(self.url, plans, slots, run_id, self.lease_ms, self.poll_ms)
             try:
                 sc.parallelize(range(slots), slots).mapPartitionsWithIndex(task).collect()
             except Exception as exc:  # a failed worker: its intervals' leases lapse, a new job takes them
@@ -184,6 +232,8 @@ class ContinuousRunner:
         (the watermarks each interval journaled with its last commit). An interval that never
         committed holds it at the beginning of time."""
         for spec in self.topology.computations.values():
+            if spec.name in self.removed:
+                continue
             parts = [interval_producer(spec.name, i) for i in range(spec.options.shards)]
             heads = self.store.latest_batches(parts)
             infos = [self.store.batch_info(p, heads[p]) if p in heads else None for p in parts]
@@ -199,7 +249,8 @@ class ContinuousRunner:
 
     def drained(self) -> bool:
         return (all(i.finished.is_set() for i in self.injectors.values())
-                and all(self._marks.get(n, (0, 0))[1] == END_OF_TIME for n in self.topology.computations))
+                and all(self._marks.get(n, (0, 0))[1] == END_OF_TIME
+                        for n in self.topology.computations if n not in self.removed))
 
     def check(self) -> None:
         if self.errors:

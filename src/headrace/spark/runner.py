@@ -196,6 +196,14 @@ class SparkRunner:
         """Stop the query of computation ``name``; the others go on."""
         self.queries.pop(name).stop()
 
+    def running(self, name: str) -> bool:
+        query = self.queries.get(name)
+        return query is not None and query.query is not None and query.query.isActive
+
+    def batches(self, name: str) -> int:
+        """How many batches computation ``name`` has completed in this run."""
+        return self.queries[name].stats.batches
+
     def drained(self) -> bool:
         """Every injector exhausted and every computation has processed the end of time."""
         return (all(t.finished.is_set() for t in self.injectors.values())

@@ -149,6 +149,16 @@ class SQLStore:
         self._x("UPDATE shards SET owner = NULL, lease_until = 0 WHERE computation = ? AND shard = ? AND sequencer = ?",
                 (computation, shard, sequencer))
 
+    def start_interval_at(self, computation: str, shard: int, positions: dict[str, int]) -> None:
+        """Where a new interval starts reading (``start="now"`` or a time); refused once it committed."""
+        with self._transaction():
+            row = self._one("SELECT version FROM shards WHERE computation = ? AND shard = ?", (computation, shard))
+            if row is None or row[0] != 0:
+                return
+            self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
+                        "DO UPDATE SET batch = excluded.batch",
+                        [(computation, shard, p, b) for p, b in sorted(positions.items())])
+
     def interval_owners(self, computation: str) -> dict[int, tuple[str | None, int, int]]:
         """Per interval: (owner, lease_until, sequencer)."""
         return {int(s): (o, int(u), int(q)) for s, o, u, q in self._all(
