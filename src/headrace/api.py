@@ -17,14 +17,14 @@ MODES = ("microbatch", "continuous")
 
 
 def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
-        checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = sys.stderr,
+        checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
         mode: str = "microbatch") -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="microbatch"`` runs a Structured Streaming query per computation (throughput, backfill);
     ``mode="continuous"`` runs long-lived workers that own key intervals and deliver each record
-    within milliseconds (docs/architecture.md §4). Returns a ``RunResult`` once every computation
+    as soon as its producer commits (docs/architecture.md §4). Returns a ``RunResult`` once every computation
     has drained, when all injectors are bounded; otherwise runs until stopped (Ctrl-C). Running
     again with the same store resumes. ``retention_ms`` bounds how long committed segments of
     every stream are kept (micro-batch mode).
@@ -34,16 +34,18 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
                           hint="mode='microbatch' (a Spark query per computation) or mode='continuous' "
                                "(long-lived workers, millisecond latency)")
     if mode == "continuous":
-        if checkpoint_dir is not None or retention_ms is not None:
-            raise OptionError("checkpoint_dir and retention_ms apply to mode='microbatch' only", got=mode,
-                              hint="drop them, or run with mode='microbatch'")
+        given = [n for n, v in (("checkpoint_dir", checkpoint_dir), ("trigger_ms", trigger_ms),
+                                ("retention_ms", retention_ms)) if v is not None]
+        if given:
+            raise OptionError(f"{given[0]} applies to mode='microbatch' only", got=mode,
+                              hint="drop it, or run with mode='microbatch'")
         from .spark.continuous import ContinuousRunner
 
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress).start()
     else:
         from .spark.runner import SparkRunner
 
-        runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms,
+        runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
                              progress=progress, spark=spark, retention_ms=retention_ms).start()
     try:
         return runner.wait(timeout_s)

@@ -5,7 +5,7 @@ The engine imports nothing from ``headrace.store``: a store is anything with the
 
 - ``ShardStore``: per-key state, timers and seen ids of one computation's shards, the shard's
   version, and one shard's batch outcome committed in one transaction (docs/architecture.md §2.2).
-- ``Bus``: streams as segments, one per producer, stream, batch and shard (§3 "Streams").
+- ``Bus``: streams as segments, one per producer, stream, batch and shard (§3.7).
 - ``Journal``: completed batches of every producer with their low watermarks (§2.4).
 - ``IntervalStore``: all three, plus leases on key intervals, for continuous mode (§4.2).
 """
@@ -99,7 +99,7 @@ class IntervalClaim(NamedTuple):
 
 
 class IntervalStore(ShardStore, Bus, Journal, Protocol):
-    """Leases on key intervals (MillWheel's §6.5): each has one owner at a time, and taking one
+    """Leases on key intervals (MillWheel §7.1: each interval is owned by one process, and its writes carry a sequencer, §6.2): each has one owner at a time, and taking one
     renews its sequencer, so the previous owner's commits are refused from then on."""
 
     def claim_interval(self, computation: str, shard: int, owner: str, now: int,

@@ -1,6 +1,7 @@
-"""The one batch path: every runner (the harness, the micro-batch runner on Spark) runs a
-computation's batch as ``run_shard_batch`` for each shard that has work, wherever the shard runs,
-then ``finish_batch`` once, where the batch is known to be complete.
+"""The one batch path: the harness and the micro-batch runner run a computation's batch as
+``run_shard_batch`` for each shard that has work, wherever the shard runs, then ``finish_batch``
+once, where the batch is known to be complete; a continuous worker runs ``run_shard_batch`` for
+each commit of a key interval it owns (the interval journals itself in that commit).
 
 ``run_shard_batch``: load the shard, drop duplicate ids, run user code, commit exactly once, or,
 when an earlier attempt of the batch already committed, re-deliver its productions without

@@ -1,4 +1,4 @@
-"""Low watermark arithmetic, as small pure functions (MillWheel section 5.3).
+"""Low watermark arithmetic, as small pure functions (MillWheel §4.5 and §7.2).
 
 low watermark of A = min(oldest unfinished work of A, low watermarks of A's producers),
 and a published watermark never moves back.

@@ -206,7 +206,7 @@ class Worker:
                 after, upto = positions.get(producer, 0), target[producer]
                 if upto <= after:
                     continue
-                for _, r in self.store.read_segments(stream, producer, after, upto):
+                for r in _records(self.store, plan.name, stream, producer, after, upto):
                     try:
                         key = extractor(r.value)
                     except Exception as exc:
@@ -224,6 +224,20 @@ class Worker:
                     if shard in shards:
                         by_shard.setdefault(shard, []).append(InputRecord(stream, key, r.value, r.timestamp, r.id))
         return by_shard, rejected
+
+
+def _records(store: IntervalStore, name: str, stream: str, producer: str, after: int, upto: int) -> Any:
+    """The records of ``producer`` on ``stream`` in batches (after, upto]; a segment that cannot be
+    decoded stops the worker with an error that names it (retrying could never get past it)."""
+    try:
+        for _, record in store.read_segments(stream, producer, after, upto):
+            yield record
+    except Exception as exc:
+        raise BadInputError(
+            f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} in its "
+            f"batches {after + 1}..{upto}", got_text=f"{type(exc).__name__}: {exc}",
+            hint="a value that cannot be unpickled here: install on the workers the modules its classes come from"
+        ) from None
 
 
 def _rejection(name: str, extractor: KeyExtractor, stream: str, record: Any, cause: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from ..store import open_store
 from ..topology import Topology
 from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import QueryStats
-from .runner import InjectorThread, RunResult, _injectors, _pickle_user_code_by_value
+from .runner import InjectorThread, RunResult, _injectors, _pickle_user_code_by_value, claim_mode
 from .session import spark_session
 
 __all__ = ["ContinuousRunner", "continuous_producers"]
@@ -114,6 +114,7 @@ class ContinuousRunner:
         if self.spark is None:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
         _pickle_user_code_by_value(self.topology)
+        claim_mode(self.store, self.topology.name, "continuous")
         for spec in self.topology.computations.values():
             self.store.register(spec.name, spec.options.shards)
         for stream in sorted(self.topology.streams()):
@@ -135,7 +136,23 @@ class ContinuousRunner:
                 thread.start()
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
+        self._authority = threading.Thread(target=self._run_authority, name="headrace-watermark-authority",
+                                           daemon=True)
+        self._authority.start()
         return self
+
+    def _run_authority(self) -> None:
+        """The watermark authority: journals every computation's low watermarks several times a second."""
+        store = open_store(self.url)
+        try:
+            while not self._stopping.wait(self.authority_every_ms / 1000):
+                try:
+                    self.refresh_watermarks(store)
+                except Exception as exc:  # surfaced by wait(); the authority is not worth a silent death
+                    self.errors.append(exc)
+                    return
+        finally:
+            store.close()
 
     def add(self, name: str, start: str | int = "beginning") -> None:
         """Start computation ``name`` (already in the topology) on the running workers: they are
@@ -195,6 +212,7 @@ class ContinuousRunner:
         sc = self.spark.sparkContext
         plans = [p for p in plans_of(self.topology) if p.name not in self.removed]
         run_id = self.run_id
+        failures: list[float] = []
         while not self._stopping.is_set() and run_id == self.run_id:
             slots = self.slots()
             sc.setJobGroup(JOB_GROUP, f"headrace {self.topology.name}: {slots} continuous workers",
@@ -209,6 +227,12 @@ class ContinuousRunner:
                     self.errors.append(_job_error(exc))
                     return
                 self.resubmissions += 1
+                failures.append(time.monotonic())
+                if len(failures) >= 10 and failures[-1] - failures[-10] < 60:
+                    self.errors.append(UserCodeError(
+                        "The continuous workers failed 10 times in a minute", got_text=str(exc).splitlines()[0],
+                        hint="see the Spark logs for the cause; every interval resumes from its last commit"))
+                    return
                 time.sleep(0.2)
 
     def stop(self) -> None:
@@ -227,21 +251,22 @@ class ContinuousRunner:
 
     # -- the watermark authority -------------------------------------------------------------------
 
-    def refresh_watermarks(self) -> dict[str, tuple[int, int]]:
+    def refresh_watermarks(self, store: Any = None) -> dict[str, tuple[int, int]]:
         """Journal each computation's low watermarks: the minimum over its intervals' reports
         (the watermarks each interval journaled with its last commit). An interval that never
         committed holds it at the beginning of time."""
+        store = store or self.store
         for spec in self.topology.computations.values():
             if spec.name in self.removed:
                 continue
             parts = [interval_producer(spec.name, i) for i in range(spec.options.shards)]
-            heads = self.store.latest_batches(parts)
-            infos = [self.store.batch_info(p, heads[p]) if p in heads else None for p in parts]
+            heads = store.latest_batches(parts)
+            infos = [store.batch_info(p, heads[p]) if p in heads else None for p in parts]
             inp = min((i.input_watermark if i else BEGINNING_OF_TIME) for i in infos)
             out = min((i.output_watermark if i else BEGINNING_OF_TIME) for i in infos)
             if self._marks.get(spec.name) != (inp, out):
-                last = self.store.latest_batch(spec.name)
-                self.store.complete_batch(spec.name, (last.batch if last else 0) + 1, inp, out)
+                last = store.latest_batch(spec.name)
+                store.complete_batch(spec.name, (last.batch if last else 0) + 1, inp, out)
                 self._marks[spec.name] = (inp, out)
         return dict(self._marks)
 
@@ -267,7 +292,6 @@ class ContinuousRunner:
         deadline = None if timeout_s is None else time.time() + timeout_s
         last_report = time.time()
         while True:
-            self.refresh_watermarks()
             if self.drained():
                 break
             self.check()
@@ -277,7 +301,7 @@ class ContinuousRunner:
             if self.progress is not None and time.time() - last_report >= self.progress_every_s:
                 print(self.describe(), file=self.progress, flush=True)
                 last_report = time.time()
-            time.sleep(self.authority_every_ms / 1000)
+            time.sleep(0.05)
         self.check()
         return self.result()
 

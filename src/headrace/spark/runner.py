@@ -125,6 +125,19 @@ def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> 
     return root
 
 
+def claim_mode(store: Store, topology: str, mode: str) -> None:
+    """A topology runs in one execution mode for the life of its store: the modes keep their input
+    positions in different places (Spark checkpoints, interval positions), so a switch would read
+    every stream again from its beginning."""
+    key = f"mode:{topology}"
+    found = store.get_meta(key)
+    if found is None:
+        store.put_meta(key, mode)
+    elif found != mode:
+        raise OptionError(f"Topology {topology!r} already ran in {found} mode on {store.shown_url}", got=mode,
+                          hint=f"run it with mode={found!r}, or start it over on a new store")
+
+
 class SparkRunner:
     """Runs a topology on Spark. ``start()``, then ``wait()`` (drained) or ``stop()``."""
 
@@ -135,6 +148,7 @@ class SparkRunner:
         opened = open_store(store)  # validates the URL early
         try:
             self.url = opened.url
+            claim_mode(opened, topology.name, "microbatch")
             self.checkpoint_root = checkpoint_root(opened, topology.name, checkpoint_dir)
             for stream in sorted(topology.streams()):
                 for producer in topology.producers(stream):

@@ -1,8 +1,8 @@
 """The server store: PostgreSQL, for clusters whose workers cannot share one SQLite file.
 
 Same tables and same logic as SQLite (``SQLStore``); what differs is concurrency. Writers run in
-READ COMMITTED transactions of their own: a shard's commit reads the computation's sequencer row
-``FOR SHARE`` (so a takeover waits for commits in flight, then fences every later one) and moves
+READ COMMITTED transactions of their own: a shard's commit reads its shard's row (and sequencer)
+``FOR UPDATE`` (so a takeover waits for commits in flight, then fences every later one) and moves
 its version with ``UPDATE … WHERE version = base`` (a concurrent attempt that lost finds no row).
 Journal writes of one producer are serialized by a transaction-scoped advisory lock.
 """

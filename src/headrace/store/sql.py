@@ -2,7 +2,7 @@
 connection, its schema and the few phrases that differ (``SQLDialect``).
 
 One shard's outcome for one batch is one transaction, conditional on the shard's version and the
-writer's sequencer; the sequencer row is read ``FOR SHARE`` where the database has row locks, so a
+writer's sequencer; the shard row is read ``FOR UPDATE`` where the database has row locks, so a
 takeover (``acquire_writer``) waits for commits in flight and fences every later one.
 """
 
