@@ -6,8 +6,8 @@ Nothing here knows about Spark or the store; the engine injects a context per ke
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
-from typing import Any, Callable, Literal, NamedTuple, Protocol, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Protocol, Union
 
 from .codecs import Codec, codec_named
 from .errors import InvalidKeyError, OptionError
@@ -172,6 +172,9 @@ class ComputationOptions:
     - ``shards``: number of key shards (MillWheel's key intervals).
     - ``on_error``: user code that raises fails the batch (``"fail"``), or its record (or timer) goes,
       with the error, to the stream ``<name>.dead_letter`` and everything that invocation did is undone.
+    - ``watermark_percentile``: ``{stream: p}``, per subscription: below 100, the input low
+      watermark from that stream ignores its slowest ``100 - p`` % of producers (MillWheel's
+      percentile watermark); their records behind it are late. Default 100 (the true low watermark).
     """
 
     codec: Codec = codec_named("pickle")
@@ -182,6 +185,10 @@ class ComputationOptions:
     dedup_slack_ms: int = 3_600_000
     shards: int = 4
     on_error: str = "fail"
+    watermark_percentile: Mapping[str, float] = field(default_factory=dict)
+
+    def percentile(self, stream: str) -> float:
+        return float(self.watermark_percentile.get(stream, 100.0))
 
     @classmethod
     def from_kwargs(cls, owner: str, options: dict[str, Any]) -> "ComputationOptions":
@@ -213,6 +220,11 @@ class ComputationOptions:
                         got=v,
                         hint=f"e.g. {name}={cls.__dataclass_fields__[name].default}",
                     )
+        percentiles = values.get("watermark_percentile", {})
+        if not isinstance(percentiles, Mapping) or not all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p <= 100 for p in percentiles.values()):
+            raise OptionError(f"Computation {owner!r} option 'watermark_percentile' maps input streams to a "
+                              "percentile in (0, 100]", got=percentiles, hint="e.g. watermark_percentile={'clicks': 99}")
         if "dedup" in values and not isinstance(values["dedup"], bool):
             raise OptionError(f"Computation {owner!r} option 'dedup' must be True or False", got=values["dedup"])
         if values.get("semantics") == "at_least_once" and "dedup" not in values:

@@ -222,6 +222,11 @@ class Topology:
             )
         outs = tuple(dict.fromkeys(check_name("stream", s) for s in outputs))
         parsed = ComputationOptions.from_kwargs(label, options)
+        for stream in parsed.watermark_percentile:
+            if stream not in subscriptions:
+                raise OptionError(f"Computation {label!r} sets a watermark percentile for {stream!r}, "
+                                  "which it does not subscribe to", got=stream,
+                                  hint=f"its inputs are {sorted(subscriptions)}")
         if parsed.on_error == "dead_letter":
             outs += (f"{label}.dead_letter",)
         spec = ComputationSpec(label, cls, subscriptions, outs, parsed)

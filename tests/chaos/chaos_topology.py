@@ -1,7 +1,8 @@
 """The pipeline the chaos suite kills: an injector and three computations, one of them
 non-deterministic (random numbers and the wall clock).
 
-As a script it is one driver life: ``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS``.
+As a script it is one driver life:
+``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS N [MODE]`` (MODE: microbatch or continuous).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ if __name__ == "__main__":
     from headrace import run
 
     store, checkpoints, productions, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    run(build(n, productions), store=store, master="local[2,100]", checkpoint_dir=checkpoints, progress=None,
-        trigger_ms=100)
+    mode = sys.argv[5] if len(sys.argv) > 5 else "microbatch"
+    if mode == "continuous":  # local[2,100]: Spark retries a killed worker's task, as on a cluster
+        run(build(n, productions), store=store, master="local[2,100]", progress=None, mode=mode)
+    else:
+        run(build(n, productions), store=store, master="local[2,100]", checkpoint_dir=checkpoints, progress=None,
+            trigger_ms=100)
     print("drained", flush=True)

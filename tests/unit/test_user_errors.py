@@ -81,7 +81,8 @@ def test_a_cycle() -> None:
 def test_an_unknown_option_and_a_bad_choice() -> None:
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' got unknown option 'lateness' (got 'drop'). Hint: valid options are "
-            "['codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'productions', 'semantics', 'shards']")):
+            "['codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'productions', 'semantics', 'shards', "
+            "'watermark_percentile']")):
         topology().add(Echo, inputs={"words": key_by("w")}, lateness="drop")
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' option 'late' must be one of ['drop', 'deliver'] (got 'keep'). "
@@ -199,3 +200,16 @@ def test_reading_a_stream_nobody_produces_lists_the_known_streams(tmp_path: Any)
             "are ['counts', 'words']")):
         read("wrods", url)
     assert read("words", url) == []  # declared, nothing produced yet: empty, not an error
+
+
+def test_a_watermark_percentile_must_name_an_input_and_lie_in_0_to_100() -> None:
+    with pytest.raises(OptionError, match=exact(
+            "Computation 'Echo' option 'watermark_percentile' maps input streams to a percentile in (0, 100] "
+            "(got {'words': 150}). Hint: e.g. watermark_percentile={'clicks': 99}")):
+        topology().add(Echo, inputs={"words": key_by("w")}, watermark_percentile={"words": 150})
+    with pytest.raises(OptionError, match=exact(
+            "Computation 'Echo' sets a watermark percentile for 'wrods', which it does not subscribe to "
+            "(got 'wrods'). Hint: its inputs are ['words']")):
+        topology().add(Echo, inputs={"words": key_by("w")}, watermark_percentile={"wrods": 99})
+    spec = topology().add(Echo, inputs={"words": key_by("w")}, watermark_percentile={"words": 99})
+    assert spec.options.percentile("words") == 99.0

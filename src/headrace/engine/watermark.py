@@ -21,12 +21,21 @@ __all__ = [
 Clock = Callable[[], int]
 
 
-def input_low_watermark(producer_watermarks: Iterable[int]) -> int:
+def input_low_watermark(producer_watermarks: Iterable[int], percentile: float = 100.0) -> int:
     """The low watermark of a computation's input: the minimum over every producer.
 
-    With no producer at all nothing can ever arrive, which is the end of time.
+    With no producer at all nothing can ever arrive, which is the end of time. A ``percentile``
+    below 100 is MillWheel's percentile low watermark (§7.2): the slowest ``100 - percentile`` %
+    of the producers are ignored, so one straggler does not hold everything back; records a
+    straggler sends behind it are late for this consumer.
     """
-    return min(producer_watermarks, default=END_OF_TIME)
+    if percentile >= 100.0:
+        return min(producer_watermarks, default=END_OF_TIME)
+    ordered = sorted(producer_watermarks)
+    if not ordered:
+        return END_OF_TIME
+    ignored = int(len(ordered) * (100.0 - percentile) / 100.0)
+    return ordered[min(ignored, len(ordered) - 1)]
 
 
 def output_low_watermark(previous: int, input_watermark: int, holds: Iterable[int] = ()) -> int:

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import BadInputError, FencedWriterError, StaleBatchError
-from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, KeyExtractor
+from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor
 from .batch import InputRecord, ShardBatch, shard_of
 from .ports import IntervalClaim, IntervalStore
 from .runner import DedupCache, run_shard_batch
+from .watermark import input_low_watermark
 
 __all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
 
@@ -152,7 +153,9 @@ class Worker:
                  heads: dict[str, int], wall: int) -> bool:
         target = {p: max(heads.get(p, 0), positions.get(p, 0)) for p in plan.all_producers}
         records, rejected = self._read(plan, positions, target, {i.shard for i in intervals})
-        watermark = min((self._watermark_at(p, b) for p, b in target.items()), default=BEGINNING_OF_TIME)
+        watermark = min((input_low_watermark([self._watermark_at(p, target[p]) for p in producers],
+                                             plan.options.percentile(stream))
+                         for stream, producers in plan.producers.items()), default=END_OF_TIME)
         due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
         worked = False
         for interval in intervals:

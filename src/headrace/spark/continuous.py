@@ -66,11 +66,15 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, run_id: str, l
             "attempt": context.attemptNumber() if context else None, "started_at": int(time.time() * 1000)}))
         stop_key = f"stop:{run_id}"
         checked = {"at": 0.0, "stop": False}
+        parent = os.getppid()
 
         def should_stop() -> bool:
             now = time.monotonic()
             if now - checked["at"] > 0.25:
-                checked["at"], checked["stop"] = now, store.get_meta(stop_key) is not None
+                # the driver asked, or the executor that started this process is gone (a worker loop
+                # never talks to it, so it would not notice otherwise and would renew its leases forever)
+                checked["at"] = now
+                checked["stop"] = store.get_meta(stop_key) is not None or os.getppid() != parent
             return bool(checked["stop"])
 
         def fenced(computation: str, interval: int, exc: Exception) -> None:

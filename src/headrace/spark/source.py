@@ -48,7 +48,8 @@ class HeadraceSource(DataSource):
     """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
     ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
     ``keying`` (the consumer's ``Keying``, serialized: rows come out keyed and bound to a shard),
-    ``parallelism`` (how many read tasks a batch may use: Spark's default parallelism)."""
+    ``parallelism`` (how many read tasks a batch may use: Spark's default parallelism),
+    ``percentiles`` (JSON ``{stream: p}``: the computation's ``watermark_percentile``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -70,6 +71,7 @@ class HeadraceReader(DataSourceStreamReader):
         self.start = options.get("start", "beginning")
         self.keying = Keying.from_option(options["keying"])
         self.parallelism = max(1, int(options.get("parallelism", "2")))
+        self.percentiles: dict[str, float] = json.loads(options.get("percentiles", "{}"))
         self._store: Any = None
 
     @property
@@ -105,12 +107,16 @@ class HeadraceReader(DataSourceStreamReader):
         return {"b": {p: max(batches[p], previous["b"].get(p, 0)) for p in self.producers}, "wall": wall}
 
     def _watermark(self, offset: dict) -> int:
-        marks = []
+        marks: dict[str, int] = {}
         for p in self.producers:
             batch = offset["b"].get(p, 0)
             info = self.store.batch_info(p, batch) if batch else None
-            marks.append(info.output_watermark if info else BEGINNING_OF_TIME)
-        return input_low_watermark(marks)
+            marks[p] = info.output_watermark if info else BEGINNING_OF_TIME
+        streams: dict[str, list[int]] = {}
+        for stream, producer in self.subscriptions:
+            streams.setdefault(stream, []).append(marks[producer])
+        return min((input_low_watermark(ms, self.percentiles.get(s, 100.0)) for s, ms in streams.items()),
+                   default=input_low_watermark([]))
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         if start == end:

@@ -218,3 +218,37 @@ def test_is_late_is_strictly_behind_the_watermark() -> None:
     assert not is_late(100, 100)
     assert not is_late(101, 100)
     assert not is_late(BEGINNING_OF_TIME, BEGINNING_OF_TIME)
+
+
+# -- the percentile low watermark (MillWheel §7.2) ---------------------------------------------------
+
+percentiles = st.floats(min_value=0.01, max_value=100.0, allow_nan=False)
+
+
+@given(marks=st.lists(stamps, min_size=1, max_size=30))
+def test_at_one_hundred_percent_it_is_the_true_low_watermark(marks: list[int]) -> None:
+    assert input_low_watermark(marks, 100.0) == input_low_watermark(marks) == min(marks)
+
+
+@given(marks=st.lists(stamps, min_size=1, max_size=30), percentile=percentiles)
+def test_a_percentile_watermark_ignores_only_the_slowest_share_of_producers(marks: list[int], percentile: float) -> None:
+    result = input_low_watermark(marks, percentile)
+    assert result in marks
+    behind = sum(1 for m in marks if m < result)
+    assert behind <= len(marks) * (100.0 - percentile) / 100.0  # never more stragglers than the share allows
+    # and it ignores no producer it need not: every producer it does not wait for is strictly behind it,
+    # and one more straggler would have been more than the share allows
+    assert behind == len(marks) - 1 or sum(1 for m in marks if m <= result) > len(marks) * (100.0 - percentile) / 100.0
+
+
+@given(marks=st.lists(stamps, min_size=1, max_size=30), low=percentiles, high=percentiles)
+def test_a_higher_percentile_never_gives_a_later_watermark(marks: list[int], low: float, high: float) -> None:
+    low, high = min(low, high), max(low, high)
+    assert input_low_watermark(marks, high) <= input_low_watermark(marks, low)
+
+
+def test_ninety_nine_percent_of_two_hundred_producers_ignores_the_two_slowest() -> None:
+    marks = [5, 7] + [100 + i for i in range(198)]
+    assert input_low_watermark(marks, 99.0) == 100
+    assert input_low_watermark(marks, 99.5) == 7
+    assert input_low_watermark(marks[:4], 99.0) == 5  # too few producers to ignore any
