@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Iterator
 
@@ -89,32 +90,43 @@ def test_a_computation_added_while_running_catches_up_from_the_beginning(spark: 
     assert totals == oracle(events)["bucket_totals"]
 
 
-class CountAll(Computation):
-    def process_record(self, ctx: Any, record: Any) -> None:
-        ctx.state = (ctx.state or 0) + 1
+def test_a_computation_added_from_now_sees_exactly_what_is_published_after_it_started(
+        spark: Any, store_url: str) -> None:
+    events = [{**e, "n": n} for n, e in enumerate(searches(2_000, seed=22))]
+    held_back = 1_000  # a multiple of the batch size: everything before it is published, then nothing
+    started = threading.Event()
 
+    def source() -> Iterator[dict[str, Any]]:
+        yield from events[:held_back]
+        if not started.wait(timeout=120):  # the injector publishes nothing more until FromNow has started
+            raise TimeoutError("FromNow never started")
+        yield from events[held_back:]
 
-def test_a_computation_added_from_now_skips_what_was_already_committed(spark: Any, store_url: str) -> None:
-    events = searches(2_000, seed=22)
     t = Topology("from_now")
-    t.inject("searches", injectors.records(events, timestamp="ts", batch_size=50, rate=300))
-    t.add(CountAll, name="FromStart", inputs={"searches": key_by(lambda v: "all")})
+    t.inject("searches", injectors.records(source, timestamp="ts", batch_size=50))
+    t.add(Echo, name="FromStart", inputs={"searches": key_by(lambda v: "start")}, outputs=["seen_start"],
+          late="deliver")
     runner = SparkRunner(t, store_url, spark=spark, trigger_ms=100).start()
     try:
         store = open_store(store_url)
         deadline = time.time() + 120
-        while len(store.batches("inject:searches")) < 8:
-            assert time.time() < deadline and not runner.drained()
+        while len(store.batches("inject:searches")) < held_back // 50:
+            runner.check()
+            assert time.time() < deadline, "the first events were never published"
             time.sleep(0.05)
-        already = sum(1 for b in store.batches("inject:searches")) * 50
-        t.add(CountAll, name="FromNow", inputs={"searches": key_by(lambda v: "all")})
-        runner.add("FromNow", start="now")
+        t.add(Echo, name="FromNow", inputs={"searches": key_by(lambda v: "now")}, outputs=["seen_now"], late="deliver")
+        from_now = runner.add("FromNow", start="now").query
+        while from_now.lastProgress is None:  # its first trigger is over: it has taken its starting point
+            runner.check()
+            assert time.time() < deadline, "FromNow never ran a trigger"
+            time.sleep(0.05)
+        started.set()
         runner.wait(timeout_s=300)
         kept = runner.queries["FromStart"].query
         runner.remove("FromNow")  # removing one computation leaves the others running
         assert "FromNow" not in runner.queries and kept.isActive and runner.queries["FromStart"].query is kept
     finally:
+        started.set()
         runner.stop()
-    counts = {name: open_store(store_url).counters(name).get("records", 0) for name in ("FromStart", "FromNow")}
-    assert counts["FromStart"] == len(events)
-    assert counts["FromNow"] <= len(events) - already
+    assert sorted(r.value["n"] for r in read("seen_start", store_url)) == list(range(len(events)))
+    assert sorted(r.value["n"] for r in read("seen_now", store_url)) == list(range(held_back, len(events)))

@@ -3,14 +3,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from headrace import injectors
 from headrace.errors import OptionError
-from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
+from headrace.model import END_OF_TIME
+
+NOW = 1_700_000_000_000  # the injected clock's reading, ms since the epoch
+
+
+def clock() -> int:
+    return NOW
 
 
 def drain(injector: injectors.Injector, resume: str | None = None) -> list[injectors.InjectedBatch]:
@@ -49,6 +54,22 @@ def test_generator_is_a_function_of_the_index_and_bounded_by_count() -> None:
     assert [v["n"] for b in again for v, _, _ in b.records] == [2, 3, 4]
 
 
+def test_without_a_timestamp_a_record_gets_the_clock_reading_when_it_is_injected() -> None:
+    now = 5_000  # read by the clocks below when called: moved on after each batch
+
+    def at_now() -> int:
+        return now
+
+    for injector in (injectors.records(["a", "b", "c"], batch_size=2, clock=at_now),
+                     injectors.generator(lambda i: i, count=3, batch_size=2, clock=at_now)):
+        now = 5_000
+        stamps: list[list[int]] = []
+        for batch in injector.batches(None):
+            stamps.append([ts for _, ts, _ in batch.records])
+            now += 1_000
+        assert stamps == [[5_000, 5_000], [6_000]]
+
+
 def test_a_record_without_its_timestamp_field_is_refused_with_the_record_named() -> None:
     with pytest.raises(OptionError, match=re.escape(
             "Injected record has no timestamp field 'ts' (got {'when': 5}). "
@@ -70,37 +91,44 @@ def test_files_watermark_is_the_oldest_creation_time_among_unfinished_files(tmp_
     for name, mtime in stamps.items():
         (tmp_path / name).write_text("\n".join(json.dumps({"file": name, "ts": mtime + i}) for i in range(3)))
         os.utime(tmp_path / name, (mtime, mtime))
-    batches = drain(injectors.files(str(tmp_path), timestamp="ts", bounded=True))
+    batches = drain(injectors.files(str(tmp_path), timestamp="ts", bounded=True, clock=clock))
     assert [b.records[0][0]["file"] for b in batches[:3]] == ["a.jsonl", "b.jsonl", "c.jsonl"]
     # after a.jsonl, b.jsonl (created at 2,000 s) is the oldest unfinished file
     assert batches[0].watermark == 2_000_000 and batches[1].watermark == 3_000_000
-    assert batches[2].watermark >= int(time.time() * 1000) - 60_000  # none left: the clock
+    assert batches[2].watermark == NOW  # none left: the clock
     assert batches[-1].watermark == END_OF_TIME and batches[-1].records == []
     assert batches[0].records[1][2] == "a.jsonl:1"  # ids are stable: file and line
-    resumed = drain(injectors.files(str(tmp_path), timestamp="ts", bounded=True), resume=batches[1].checkpoint)
+    resumed = drain(injectors.files(str(tmp_path), timestamp="ts", bounded=True, clock=clock),
+                    resume=batches[1].checkpoint)
     assert [b.records[0][0]["file"] for b in resumed if b.records] == ["c.jsonl"]
 
 
 def test_csv_and_text_files(tmp_path: Path) -> None:
     (tmp_path / "x.csv").write_text("q,ts\ncats,5\ndogs,7\n")
-    csv_batches = drain(injectors.files(str(tmp_path), format="csv", timestamp=lambda v: int(v["ts"]), bounded=True))
+    (tmp_path / "y.txt").write_text("cats\n\ndogs\n")
+    csv_batches = drain(injectors.files(str(tmp_path), format="csv", timestamp=lambda v: int(v["ts"]), bounded=True,
+                                        pattern="*.csv", clock=clock))
     assert [(v["q"], ts) for v, ts, _ in csv_batches[0].records] == [("cats", 5), ("dogs", 7)]
-    assert BEGINNING_OF_TIME < csv_batches[0].watermark
+    assert csv_batches[0].watermark == NOW  # no file left: the clock
+    text_batches = drain(injectors.files(str(tmp_path), format="text", bounded=True, pattern="*.txt", clock=clock))
+    assert text_batches[0].records == [("cats", NOW, "y.txt:0"), ("dogs", NOW, "y.txt:1")]  # no timestamp: the clock
 
 
-def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(tmp_path: Path) -> None:
+def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from headrace import read
     from headrace.engine import Production
-    from headrace.store import open_store
+    from headrace.store import open_store, sql
 
     url = f"sqlite:///{tmp_path}/bus.db"
     store = open_store(url)
     for batch in (1, 2, 3):
+        monkeypatch.setattr(sql, "_now", lambda at=batch * 1_000: at)  # the store's clock, set for each batch
         store.publish("inject:s", batch, {"s": [Production("s", None, {"b": batch}, batch, f"id{batch}")]}, batch)
-        time.sleep(0.02)
-    times = [b.completed_at for b in store.batches("inject:s")]
+    assert [b.completed_at for b in store.batches("inject:s")] == [1_000, 2_000, 3_000]
     assert [r.value["b"] for r in read("s", url)] == [1, 2, 3]
     assert [r.value["b"] for r in read("s", url, from_batch=1)] == [2, 3]
-    assert [r.value["b"] for r in read("s", url, since_ms=times[2])] == [3]
-    assert store.trim_segments(times[1] + 1) == 2
+    assert [r.value["b"] for r in read("s", url, since_ms=2_000)] == [2, 3]  # completed at or after
+    assert [r.value["b"] for r in read("s", url, since_ms=2_001)] == [3]
+    assert store.trim_segments(2_001) == 2
     assert [r.value["b"] for r in read("s", url)] == [3]

@@ -33,6 +33,11 @@ class InjectedBatch:
 LATEST_SANE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
+def wall_clock_ms() -> int:
+    """The default ``clock`` of the injectors that read the time: now, in ms since the epoch."""
+    return int(time.time() * 1000)
+
+
 def _sane(ts: int, value: Any) -> int:
     if not 0 <= ts <= LATEST_SANE_MS:
         raise OptionError("Injected record has an absurd timestamp", got_text=f"{ts} in {value!r}",
@@ -41,9 +46,9 @@ def _sane(ts: int, value: Any) -> int:
     return ts
 
 
-def _timestamp_of(timestamp: str | Callable[[Any], Any] | None) -> Callable[[Any], int]:
+def _timestamp_of(timestamp: str | Callable[[Any], Any] | None, clock: Callable[[], int]) -> Callable[[Any], int]:
     if timestamp is None:
-        return lambda value: int(time.time() * 1000)
+        return lambda value: clock()
     if isinstance(timestamp, str):
         field = timestamp
 
@@ -73,11 +78,11 @@ class Injector:
 class RecordsInjector(Injector):
     def __init__(self, iterable: Iterable[Any] | Callable[[], Iterable[Any]], timestamp: Any = None,
                  id: Callable[[Any], str] | None = None, batch_size: int = 1000, rate: float | None = None,
-                 max_delay_ms: int = 0, bounded: bool | None = None):
+                 max_delay_ms: int = 0, bounded: bool | None = None, clock: Callable[[], int] = wall_clock_ms):
         if batch_size < 1:
             raise OptionError("An injector's batch_size must be at least 1", got=batch_size, hint="e.g. batch_size=1000")
         self._source = iterable
-        self._ts = _timestamp_of(timestamp)
+        self._ts = _timestamp_of(timestamp, clock)
         self._id = id
         self.batch_size = batch_size
         self.rate = rate
@@ -128,30 +133,36 @@ class RecordsInjector(Injector):
 
 def records(iterable: Iterable[Any] | Callable[[], Iterable[Any]], timestamp: Any = None, *,
             id: Callable[[Any], str] | None = None, batch_size: int = 1000, rate: float | None = None,
-            max_delay_ms: int = 0) -> RecordsInjector:
+            max_delay_ms: int = 0, clock: Callable[[], int] = wall_clock_ms) -> RecordsInjector:
     """Inject the values of ``iterable``. A list's low watermark is exact (the oldest timestamp
     not yet injected); any other iterable promises records at most ``max_delay_ms`` behind the
-    newest seen. Once exhausted, the end of time."""
-    return RecordsInjector(iterable, timestamp, id, batch_size, rate, max_delay_ms)
+    newest seen. Once exhausted, the end of time. Without ``timestamp``, a record's timestamp is
+    ``clock()`` (ms since the epoch) when it is injected."""
+    return RecordsInjector(iterable, timestamp, id, batch_size, rate, max_delay_ms, clock=clock)
 
 
 def generator(make: Callable[[int], Any], count: int | None = None, *, timestamp: Any = None,
-              rate: float | None = None, max_delay_ms: int = 1000, batch_size: int = 1000) -> RecordsInjector:
+              rate: float | None = None, max_delay_ms: int = 1000, batch_size: int = 1000,
+              clock: Callable[[], int] = wall_clock_ms) -> RecordsInjector:
     """Inject ``make(0)``, ``make(1)``, ... (``count`` of them, or forever). ``make`` must be a
-    function of its index alone, so a restarted injector regenerates exactly what it lost."""
+    function of its index alone, so a restarted injector regenerates exactly what it lost.
+    Without ``timestamp``, a record's timestamp is ``clock()`` when it is injected."""
     counter = range(count) if count is not None else None
     source: Callable[[], Iterable[Any]] = (
         (lambda: (make(i) for i in counter)) if counter is not None else (lambda: (make(i) for i in itertools.count())))
-    return RecordsInjector(source, timestamp, None, batch_size, rate, max_delay_ms, bounded=count is not None)
+    return RecordsInjector(source, timestamp, None, batch_size, rate, max_delay_ms, bounded=count is not None,
+                           clock=clock)
 
 
 class FilesInjector(Injector):
-    def __init__(self, path: str, format: str, timestamp: Any, bounded: bool, pattern: str, poll_s: float):
+    def __init__(self, path: str, format: str, timestamp: Any, bounded: bool, pattern: str, poll_s: float,
+                 clock: Callable[[], int] = wall_clock_ms):
         if format not in ("jsonl", "csv", "text"):
             raise OptionError("Unknown file format", got=format, hint="use format='jsonl', 'csv' or 'text'")
         self.path, self.format, self.pattern, self.poll_s = path, format, pattern, poll_s
         self.bounded = bounded
-        self._ts = _timestamp_of(timestamp)
+        self._clock = clock
+        self._ts = _timestamp_of(timestamp, clock)
 
     def _parse(self, text: str) -> list[Any]:
         if self.format == "jsonl":
@@ -171,21 +182,22 @@ class FilesInjector(Injector):
                 finished.add(os.path.basename(path))
                 rest = pending[i + 1:]
                 # MillWheel Figure 10: the oldest creation time among files not yet finished.
-                watermark = min((int(os.path.getmtime(p) * 1000) for p in rest), default=int(time.time() * 1000))
+                watermark = min((int(os.path.getmtime(p) * 1000) for p in rest), default=self._clock())
                 name = os.path.basename(path)
                 yield InjectedBatch([(v, self._ts(v), f"{name}:{n}") for n, v in enumerate(values)],
                                     watermark, json.dumps(sorted(finished)))
             if self.bounded:
                 yield InjectedBatch([], END_OF_TIME, json.dumps(sorted(finished)))
                 return
-            yield InjectedBatch([], int(time.time() * 1000), json.dumps(sorted(finished)))
+            yield InjectedBatch([], self._clock(), json.dumps(sorted(finished)))
             time.sleep(self.poll_s)
 
 
 def files(path: str, format: str = "jsonl", timestamp: Any = None, *, bounded: bool = False,
-          pattern: str = "*", poll_s: float = 0.5) -> FilesInjector:
-    """Inject every file in ``path`` (new ones as they appear, unless ``bounded``)."""
-    return FilesInjector(path, format, timestamp, bounded, pattern, poll_s)
+          pattern: str = "*", poll_s: float = 0.5, clock: Callable[[], int] = wall_clock_ms) -> FilesInjector:
+    """Inject every file in ``path`` (new ones as they appear, unless ``bounded``). Once no file
+    is left unfinished, the low watermark is ``clock()`` (ms since the epoch)."""
+    return FilesInjector(path, format, timestamp, bounded, pattern, poll_s, clock)
 
 
 class Several:

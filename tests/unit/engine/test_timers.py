@@ -42,55 +42,65 @@ def fired(h: Harness, key: str | None = None) -> list[tuple[str, int]]:
     return [(r.value["tag"], r.value["at"]) for r in h.productions("fired") if key in (None, r.value["key"])]
 
 
-# -- order, once, never early -----------------------------------------------------------------------
+# -- order, once, never early nor late -------------------------------------------------------------
 
 keys = st.sampled_from(["a", "b", "c", "d", "e"])
-plans = st.lists(st.tuples(keys, st.integers(0, 2_000)), min_size=1, max_size=15)
+# (key, timer due time, record timestamp): a record of the key, given at that timestamp (or at the
+# watermark if that is later: never late), that sets one timer
+plans = st.lists(st.tuples(keys, st.integers(0, 2_000), st.integers(0, 2_000)), min_size=1, max_size=15)
+
+
+def first_step_reaching(steps: list[tuple[str, Any]], after: int, due: int) -> int | None:
+    """The first advance step after step ``after`` whose watermark reaches ``due``: where a timer set
+    at step ``after`` must fire, neither earlier (never early) nor later (never late)."""
+    return next((i for i, (kind, arg) in enumerate(steps) if i > after and kind == "advance" and arg >= due), None)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=plans, advances=st.lists(st.integers(0, 2_200), min_size=1, max_size=6),
        interleave=st.integers(0, 14), shards=st.integers(1, 3))
-def test_watermark_timers_fire_once_in_increasing_order_per_key_and_never_early(
-        plan: list[tuple[str, int]], advances: list[int], interleave: int, shards: int) -> None:
+def test_watermark_timers_fire_once_in_increasing_order_per_key_when_the_watermark_reaches_them(
+        plan: list[tuple[str, int, int]], advances: list[int], interleave: int, shards: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         h = Harness(Scheduler, store=f"sqlite:///{folder}/h.db", shards=shards)
-        expected: dict[tuple[str, str], int] = {}  # (key, tag) -> its due time
         steps: list[tuple[str, Any]] = [("set", item) for item in plan]
         for target in sorted(advances):  # watermark advances spliced in among the timer settings
             steps.insert(min(interleave, len(steps)), ("advance", target))
             interleave += 3
         watermark = BEGINNING_OF_TIME
+        set_at: dict[tuple[str, str], tuple[int, int]] = {}  # (key, tag) -> (step it was first set, due time)
+        given_records: list[tuple[str, int]] = []  # (key, timestamp) of every record given, in order
         fire_step: dict[tuple[str, str], int] = {}
         for step, (kind, arg) in enumerate(steps):
             if kind == "set":
-                key, ts = arg
-                if ts <= watermark:
+                key, due, stamp = arg
+                if due <= watermark:
                     continue  # a timer already due when set is another test
-                tag = f"t{ts}"
-                expected[(key, tag)] = ts
-                out = h.process(key, {"set": {tag: ts}}, max(watermark, 0))
+                tag, stamp = f"t{due}", max(watermark, stamp)
+                set_at.setdefault((key, tag), (step, due))
+                given_records.append((key, stamp))
+                out = h.process(key, {"set": {tag: due}}, stamp)
             else:
                 watermark = max(watermark, arg)
                 out = h.advance_watermark(watermark)
             for r in out:
-                assert r.value["at"] <= watermark  # never before the watermark reached it
                 assert r.value["watermark"] == watermark
                 assert (r.value["key"], r.value["tag"]) not in fire_step  # exactly once
                 fire_step[(r.value["key"], r.value["tag"])] = step
+                # after every record of its key with a timestamp below it (one given later would be late)
+                below = [ts for k, ts in given_records if k == r.value["key"] and ts < r.value["at"]]
+                assert [ts for ts in r.value["seen"] if ts < r.value["at"]] == below
         for key in "abcde":
             stamps = [at for _, at in fired(h, key)]
             assert stamps == sorted(stamps)  # increasing timestamp order per key
-        due = {kt for kt, ts in expected.items() if ts <= watermark}
-        assert set(fire_step) == due  # every due timer fired, no other
+        # each fired in the first step whose watermark reached it, never before, never after; the
+        # others are still pending
+        expected = {kt: first_step_reaching(steps, step, due) for kt, (step, due) in set_at.items()}
+        assert fire_step == {kt: step for kt, step in expected.items() if step is not None}
         for key in "abcde":
             assert [t.timestamp for t in h.timers(key)] == sorted(
-                ts for (k, _), ts in expected.items() if k == key and ts > watermark)
-        # not late either: each fired in the first step whose watermark reached it
-        for (key, tag), step in fire_step.items():
-            earlier = [arg for kind, arg in steps[:step] if kind == "advance"]
-            assert not earlier or max(earlier) < expected[(key, tag)] or steps[step][0] == "advance"
-        assert h.counters.get("timers_fired", 0) == len(due)
+                due for (k, tag), (_, due) in set_at.items() if k == key and expected[(k, tag)] is None)
+        assert h.counters.get("timers_fired", 0) == len(fire_step)
         h.store.close()
 
 
