@@ -6,6 +6,7 @@ CI runs a short version (`-m "not slow"`); the long one: `scripts/test --long te
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -72,8 +73,20 @@ def python_workers(driver: int) -> list[int]:
             and p != driver and "java" not in cmdline(p)]
 
 
+def continuous_workers(store_url: str, driver: int) -> list[int]:
+    """The Python processes of continuous workers started by ``driver``: each worker writes its pid
+    in a ``worker:`` meta row (forked by pyspark's daemon, they cannot be told apart by command line)."""
+    store = open_store(store_url)
+    try:
+        pids = {json.loads(v)["pid"] for v in store.metas("worker:").values()}
+    finally:
+        store.close()
+    return sorted(pids & set(descendants(driver)))
+
+
 class Monkey:
-    def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int):
+    def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int, mode: str = "microbatch"):
+        self.mode = mode
         self.store = store
         self.checkpoints = str(tmp / "checkpoints")
         self.marks = tmp / "marks"
@@ -88,7 +101,7 @@ class Monkey:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
                "HEADRACE_FAILPOINTS": f"before_commit=sleep:150:{self.marks}"}
         self.driver = subprocess.Popen([sys.executable, str(SCRIPT), self.store, self.checkpoints, self.productions,
-                                        str(self.n)], env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                        str(self.n), self.mode], env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                        start_new_session=True)
         return self.driver
 
@@ -111,7 +124,8 @@ class Monkey:
 
     def kill_worker(self) -> bool:
         assert self.driver is not None
-        workers = python_workers(self.driver.pid)
+        workers = (continuous_workers(self.store, self.driver.pid) if self.mode == "continuous"
+                   else python_workers(self.driver.pid))
         if not workers:
             return False
         os.kill(self.rng.choice(workers), signal.SIGKILL)
@@ -196,8 +210,8 @@ class Monkey:
 
 
 def chaos(tmp_path: Path, store: str, kills: int, n: int, productions: str = "strong", seed: int = 7,
-          kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit")) -> Monkey:
-    monkey = Monkey(tmp_path, store, productions, n, seed)
+          kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit"), mode: str = "microbatch") -> Monkey:
+    monkey = Monkey(tmp_path, store, productions, n, seed, mode)
     try:
         monkey.run(kills, timeout_s=60 * 25, kinds=kinds)
     finally:
@@ -211,16 +225,21 @@ def store_url(each_store: str) -> str:
     return each_store
 
 
-def test_chaos_short(tmp_path: Path, store_url: str) -> None:
+@pytest.fixture(params=["microbatch", "continuous"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
     # 10,000 events keep the pipeline running until the sixth kill (4,000 could drain after the fourth)
-    monkey = chaos(tmp_path, store_url, kills=6, n=10_000)
+    monkey = chaos(tmp_path, store_url, kills=6, n=10_000, mode=mode)
     assert sum(monkey.kills.values()) == 6 and set(monkey.kills) == set(KINDS), monkey.kills
     assert monkey.divergence() == Divergence()
 
 
 @pytest.mark.slow
-def test_chaos_long_at_least_twenty_kills_of_mixed_kinds(tmp_path: Path, store_url: str) -> None:
-    monkey = chaos(tmp_path, store_url, kills=24, n=14_000, seed=11)
+def test_chaos_long_at_least_twenty_kills_of_mixed_kinds(tmp_path: Path, store_url: str, mode: str) -> None:
+    monkey = chaos(tmp_path, store_url, kills=24, n=14_000, seed=11, mode=mode)
     assert sum(monkey.kills.values()) >= 20 and set(monkey.kills) == set(KINDS), monkey.kills
     assert monkey.divergence() == Divergence()
 

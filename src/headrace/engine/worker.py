@@ -169,8 +169,12 @@ class Worker:
                                interval.claim.sequencer, plan.dedup_streams, bad, positions=dict(target),
                                journal_as=interval_producer(plan.name, interval.shard))
             try:
-                run_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store, batch,
-                                self.dedup)
+                result = run_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store,
+                                         batch, self.dedup)
+                if result.redelivered:  # a newer owner committed this very batch: the interval is theirs
+                    raise StaleBatchError(f"Interval {interval.shard} of {plan.name!r} already has batch "
+                                          f"{batch.batch}, committed by another owner", got=batch.batch,
+                                          hint="this worker drops the interval and goes on")
             except (FencedWriterError, StaleBatchError) as exc:
                 del self.owned[plan.name][interval.shard]  # another worker owns it now: its writes win
                 self.fenced.append((plan.name, interval.shard, type(exc).__name__))

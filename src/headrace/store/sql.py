@@ -118,6 +118,10 @@ class SQLStore:
                        lease_until: int) -> IntervalClaim | None:
         """Take interval ``shard`` if nobody holds a live lease on it: a new sequencer fences
         every earlier owner. Returns where its committed state stands, or None if it is taken."""
+        held = self._one("SELECT owner, lease_until FROM shards WHERE computation = ? AND shard = ?",
+                         (computation, shard))
+        if held is not None and held[0] is not None and held[0] != owner and held[1] >= now:
+            return None  # a live lease: no write at all (claims are retried every quarter lease)
         with self._transaction():
             sequencer = self._next_sequencer(computation)  # first: every writer locks the computation, then a shard
             row = self._one(f"SELECT owner, lease_until, version, input_watermark FROM shards "
@@ -182,11 +186,12 @@ class SQLStore:
                         (c.computation, c.shard))
         current = int(row[0]) if row else 0
         if current != c.sequencer:
-            taker = (f"a newer owner took interval {c.shard} of this computation" if c.journal_as
-                     else "a newer driver took over this computation")
+            hint = (f"a newer owner took interval {c.shard} of this computation; this worker drops it and goes on"
+                    if c.journal_as else
+                    "a newer driver took over this computation; this process is a zombie and must stop")
             raise FencedWriterError(
                 f"Writer of {c.computation!r} with sequencer {c.sequencer} was fenced off: the store's sequencer is "
-                f"{current}", got=c.sequencer, hint=f"{taker}; this process is a zombie and must stop")
+                f"{current}", got=c.sequencer, hint=hint)
 
     def _check_sequencer(self, computation: str, sequencer: int) -> None:
         row = self._one(f"SELECT sequencer FROM computations WHERE name = ?{self.FOR_SHARE}", (computation,))
