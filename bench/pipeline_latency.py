@@ -1,68 +1,111 @@
-"""End-to-end latency and watermark lag of a three-stage pipeline on local Spark.
+"""Per-hop delivery latency and watermark lag of a three-stage pipeline on local Spark, in
+micro-batch mode and in continuous mode, side by side in one run.
 
-    .venv/bin/python bench/pipeline_latency.py [--rate 2000] [--seconds 30]
+    .venv/bin/python bench/pipeline_latency.py [--mode microbatch,continuous] [--rate 2000] [--seconds 30]
 
-Each record carries the wall-clock time it was injected; the last stage notes when it processed
-it. Run twice in the same invocation: exactly-once with strong productions (the default), and
-at-least-once with weak productions (the paper's cheaper setting). Also reports every stage's
-low-watermark lag behind the injector (wall-clock ms, from the journal) and peak memory. A short
-warm-up run goes first, and the first ``--settle`` seconds of each run (queries starting) are left
-out of the percentiles.
+Three stages (keyed by user, by item, by user) at ``--rate`` records/s from a generator injector
+that publishes ``--inject-batch`` records per batch (10 by default: at 2,000/s a batch every 5 ms,
+so publishing adds milliseconds, not hundreds of them). Each mode runs two variants: exactly-once
+with strong productions, and at-least-once with weak productions (the paper's cheaper setting).
+
+**Delivery latency of a hop**, per record: from the commit of the production that holds it to the
+moment the consumer's user code sees it. The commit is the journal's ``completed_at`` of the
+producer batch the record belongs to, told by the record's id (``engine.batch.id_prefix``):
+- an injected record ``inject:events:<b>:<n>`` is batch ``b`` of producer ``inject:events`` (its
+  publish);
+- a production ``C:<shard>:<b>:<n>`` is batch ``b`` of producer ``C`` in micro-batch mode (the
+  batch the driver journals once every shard committed), and batch ``b`` of producer ``C/<shard>``
+  in continuous mode (the interval's own commit).
+Every stage notes ``time.time()`` in ms when its ``process_record`` gets a record, with the
+record's id and the generator index ``n`` it descends from, in a file per process (one
+``os.write`` per record; the first sighting counts when a batch is retried). **End to end** is
+from the injector's publish of record ``n`` to the third stage seeing what descends from it. The
+*in stage* time, from a stage seeing a record to the commit of what it produced from it (user
+code, the rest of the batch, the commit), is printed too: end to end = three hops + two of those.
+
+**Watermark lag** of a stage: for each injector batch, from its publish (``completed_at``) to the
+first journaled batch of the stage whose output watermark reaches that batch's watermark. The
+stage's journal ``C`` is written by the driver in micro-batch mode (per batch) and by the
+watermark authority in continuous mode (every 100 ms, when it moved); for continuous mode the lag
+of the intervals themselves (the moment the last of the ``C/<i>`` journals reached it) is shown
+as well, which leaves the authority's polling out.
+
+A short warm-up run of each mode goes first, and the first ``--settle`` seconds of each run
+(queries or workers starting) are left out. Targets (the issue's; MillWheel §8.1 and §8.2) are
+printed beside the measurements with whether each is met.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import glob
+import inspect
 import os
 import platform
 import resource
 import tempfile
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from headrace import Computation, Topology, injectors, key_by, read, run
+from headrace import Computation, Topology, injectors, key_by, run
+from headrace.model import END_OF_TIME
+from headrace.spark.continuous import ContinuousRunner
 from headrace.spark.session import spark_session
 from headrace.store import open_store
 
 STAGES = ["First", "Second", "Third"]
+INJECTOR = "inject:events"
+MODES = ("microbatch", "continuous")
+VARIANTS = [("exactly-once, strong", "strong", {}),
+            ("at-least-once, weak", "weak", {"semantics": "at_least_once", "productions": "weak"})]
+
+# The issue's targets. Latency targets apply to continuous mode, per hop; lag targets to each mode.
+TARGET_STRONG_P50_MS = 30.0
+TARGET_STRONG_P95_MS = 100.0
+TARGET_WEAK_P50_MS = 5.0
+TARGET_LAG_FIRST_MS = 1_000.0
+TARGET_LAG_PER_STAGE_MS = 200.0
 
 
-class PassOn(Computation):
+class Observed(Computation):
+    """Notes when its user code sees each record (wall ms), then passes the record on."""
+
+    output: str | None = None
+    log_dir = ""
+
     def process_record(self, ctx: Any, record: Any) -> None:
+        seen = time.time() * 1000
+        fd = getattr(self, "_fd", None)
+        if fd is None or getattr(self, "_pid", None) != os.getpid():
+            fd = os.open(os.path.join(self.log_dir, f"{type(self).__name__}-{os.getpid()}.seen"),
+                         os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd, self._pid = fd, os.getpid()
+        os.write(fd, f"{record.id} {record.value['n']} {seen:.3f}\n".encode())
         ctx.state = (ctx.state or 0) + 1
-        ctx.produce(self.output, record.value)
-
-    output = ""
-
-
-class First(PassOn):
-    output = "s1"
+        if self.output:
+            ctx.produce(self.output, record.value)
 
 
-class Second(PassOn):
-    output = "s2"
+def stage_class(name: str, output: str | None, log_dir: str) -> type[Computation]:
+    # made per run, so the log folder travels with the class (pickled by value to Spark's workers)
+    return type(name, (Observed,), {"output": output, "log_dir": log_dir})
 
 
-class Third(Computation):
-    def process_record(self, ctx: Any, record: Any) -> None:
-        ctx.state = (ctx.state or 0) + 1
-        ctx.produce("delivered", {"sent": record.value["sent"], "seen": time.time() * 1000})
-
-
-def build(rate: float, seconds: float, name: str, **options: Any) -> Topology:
+def build(rate: float, seconds: float, name: str, log_dir: str, inject_batch: int, **options: Any) -> Topology:
     count = int(rate * seconds)
 
     def make(i: int) -> dict[str, Any]:
-        return {"user": f"u{i % 997}", "item": f"i{i % 613}", "n": i, "sent": time.time() * 1000,
-                "ts": int(time.time() * 1000)}
+        return {"user": f"u{i % 997}", "item": f"i{i % 613}", "n": i, "ts": int(time.time() * 1000)}
 
     t = Topology(name)
-    t.inject("events", injectors.generator(make, count, timestamp="ts", rate=rate, batch_size=max(1, int(rate / 10)),
+    t.inject("events", injectors.generator(make, count, timestamp="ts", rate=rate, batch_size=inject_batch,
                                            max_delay_ms=0))
-    t.add(First, inputs={"events": key_by("user")}, outputs=["s1"], **options)
-    t.add(Second, inputs={"s1": key_by("item")}, outputs=["s2"], **options)
-    t.add(Third, inputs={"s2": key_by("user")}, outputs=["delivered"], **options)
+    t.add(stage_class("First", "s1", log_dir), name="First", inputs={"events": key_by("user")}, outputs=["s1"],
+          **options)
+    t.add(stage_class("Second", "s2", log_dir), name="Second", inputs={"s1": key_by("item")}, outputs=["s2"],
+          **options)
+    t.add(stage_class("Third", None, log_dir), name="Third", inputs={"s2": key_by("user")}, **options)
     return t
 
 
@@ -71,53 +114,204 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def watermark_lags(store_url: str, settled_ms: float) -> dict[str, list[float]]:
-    store = open_store(store_url)
-    injected = store.batches("inject:events")
-    marks = [b.output_watermark for b in injected]
-    lags: dict[str, list[float]] = {}
-    for stage in STAGES:
-        lags[stage] = []
-        for b in store.batches(stage):
-            i = bisect.bisect_right(marks, b.input_watermark) - 1
-            if i >= 0 and injected[i].output_watermark < 2**62 and injected[i].completed_at >= settled_ms:
-                lags[stage].append(b.completed_at - injected[i].completed_at)
+def producer_batch(record_id: str, mode: str) -> tuple[str, int]:
+    """The journal entry (producer, batch) of the batch that holds the record (see the docstring)."""
+    if record_id.startswith("inject:"):
+        producer, batch, _ = record_id.rsplit(":", 2)
+        return producer, int(batch)
+    name, shard, batch, _ = record_id.rsplit(":", 3)
+    return (f"{name}/{shard}" if mode == "continuous" else name), int(batch)
+
+
+def read_sightings(log_dir: str) -> dict[str, dict[str, tuple[int, float]]]:
+    """stage -> record id -> (n, first time seen, ms)."""
+    seen: dict[str, dict[str, tuple[int, float]]] = {s: {} for s in STAGES}
+    for path in glob.glob(os.path.join(log_dir, "*.seen")):
+        stage = os.path.basename(path).split("-", 1)[0]
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 3:
+                    continue  # a line cut short by a killed process
+                rid, n, at = parts[0], int(parts[1]), float(parts[2])
+                old = seen[stage].get(rid)
+                if old is None or at < old[1]:
+                    seen[stage][rid] = (n, at)
+    return seen
+
+
+class Measured(NamedTuple):
+    hops: dict[str, list[float]]      # "inject→First", ... , "end to end"
+    in_stage: dict[str, list[float]]  # stage -> seen to the commit of what it produced
+    lags: dict[str, list[float]]      # stage -> watermark lag per injector batch
+    interval_lags: dict[str, list[float]]  # continuous: the same from the C/<i> journals
+    lost: int                          # injected records the third stage never saw
+
+
+def measure(url: str, log_dir: str, mode: str, settle_s: float, shards: int) -> Measured:
+    store = open_store(url)
+    try:
+        injected = store.batches(INJECTOR)
+        sightings = read_sightings(log_dir)
+        producers = {producer_batch(rid, mode)[0] for s in STAGES for rid in sightings[s]}
+        completed = {(p, b.batch): b.completed_at for p in producers for b in store.batches(p)}
+        start = min(b.completed_at for b in injected)
+        settled = start + settle_s * 1000
+        # per stage: n -> (first time seen, commit of the batch that held what it saw)
+        views: dict[str, dict[int, tuple[float, float]]] = {s: {} for s in STAGES}
+        hop_of: dict[str, list[tuple[int, float]]] = {s: [] for s in STAGES}  # (n, latency) per sighting
+        for stage in STAGES:
+            for rid, (n, at) in sightings[stage].items():
+                committed = completed.get(producer_batch(rid, mode))
+                if committed is None:
+                    continue  # a weak production of an attempt whose batch never completed
+                hop_of[stage].append((n, at - committed))
+                old = views[stage].get(n)
+                views[stage][n] = (min(at, old[0]), min(committed, old[1])) if old else (at, committed)
+        published = {n: committed for n, (_, committed) in views[STAGES[0]].items()}  # the injector's publish
+        measured = {n for n, t in published.items() if t >= settled}
+        hops: dict[str, list[float]] = {}
+        for k, stage in enumerate(STAGES):
+            hops[f"{'inject' if k == 0 else STAGES[k - 1]}→{stage}"] = [v for n, v in hop_of[stage] if n in measured]
+        hops["end to end"] = [at - published[n] for n, (at, _) in views[STAGES[-1]].items() if n in measured]
+        in_stage = {stage: [views[nxt][n][1] - at for n, (at, _) in views[stage].items()
+                            if n in measured and n in views[nxt]]
+                    for stage, nxt in zip(STAGES, STAGES[1:])}
+        lost = sum(1 for n in published if n not in views[STAGES[-1]])
+
+        marks = [(b.output_watermark, b.completed_at) for b in injected
+                 if b.completed_at >= settled and b.output_watermark < END_OF_TIME]
+        lags = {s: lag_of(marks, [store.batches(s)]) for s in STAGES}
+        interval_lags = ({s: lag_of(marks, [store.batches(f"{s}/{i}") for i in range(shards)]) for s in STAGES}
+                         if mode == "continuous" else {})
+        return Measured(hops, in_stage, lags, interval_lags, lost)
+    finally:
+        store.close()
+
+
+def lag_of(marks: list[tuple[int, int]], journals: list[list[Any]]) -> list[float]:
+    """Per injector watermark W published at t: when the last of ``journals`` first journaled an
+    output watermark >= W, minus t. Watermarks never reached are left out."""
+    lags = []
+    series = [([b.output_watermark for b in j], [b.completed_at for b in j]) for j in journals]
+    for mark, published in marks:
+        reached = []
+        for outs, times in series:
+            i = bisect.bisect_left(outs, mark)
+            if i == len(outs):
+                break
+            reached.append(times[i])
+        else:
+            if reached:
+                lags.append(max(reached) - published)
     return lags
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", default="microbatch,continuous", help="comma-separated: microbatch, continuous")
     parser.add_argument("--rate", type=float, default=2_000, help="records injected per second")
     parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--inject-batch", type=int, default=10, help="records per injector batch")
+    parser.add_argument("--shards", type=int, default=4, help="key shards (intervals) per stage")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--trigger-ms", type=int, default=50, help="micro-batch mode's trigger")
     parser.add_argument("--settle", type=float, default=8, help="seconds at the start of each run left out (start-up)")
+    parser.add_argument("--warm-up", type=float, default=5, help="seconds of the warm-up run of each mode (0: none)")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            parser.error(f"unknown mode {m!r}: use {', '.join(MODES)}")
+    defaults = {n: p.default for n, p in inspect.signature(ContinuousRunner).parameters.items()}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-          f"{args.rate:,.0f} records/s for {args.seconds:.0f} s through three stages on Spark {args.master}")
+          f"{args.rate:,.0f} records/s for {args.seconds:.0f} s through three stages (by user, item, user; "
+          f"{args.shards} shards each) on Spark {args.master}, SQLite store")
+    print(f"injector: {args.inject_batch} records per batch ({args.rate / args.inject_batch:,.0f} batches/s); "
+          f"micro-batch trigger {args.trigger_ms} ms; continuous: default workers (one per core), poll "
+          f"{defaults['poll_ms']:g} ms, lease {defaults['lease_ms']:,} ms, authority every "
+          f"{defaults['authority_every_ms']} ms; first {args.settle:.0f} s of each run left out")
     spark = spark_session(args.master)
-    warm = tempfile.mkdtemp(prefix="headrace-latency-warm-")
-    run(build(args.rate, 5, "latency_warm_up"), store=f"sqlite:///{warm}/store.db", spark=spark, progress=None,
-        trigger_ms=50)  # the JVM's and the workers' start-up, outside both measured runs
-    variants = [("exactly-once, strong productions", "strong", {}),
-                ("at-least-once, weak productions", "weak", {"semantics": "at_least_once", "productions": "weak"})]
-    print(f"{'variant':<36} {'measured':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}   watermark lag p50 per stage (ms)")
-    for label, tag, options in variants:
-        folder = tempfile.mkdtemp(prefix="headrace-latency-")
-        url = f"sqlite:///{folder}/store.db"
-        run(build(args.rate, args.seconds, f"latency_{tag}", **options), store=url, spark=spark, progress=None,
-            trigger_ms=50)
-        delivered = read("delivered", url)
-        settled = min(r.value["sent"] for r in delivered) + args.settle * 1000
-        latencies = [r.value["seen"] - r.value["sent"] for r in delivered if r.value["sent"] >= settled]
-        lags = watermark_lags(url, settled)
-        lag_text = ", ".join(f"{s} {pct(lags[s], 0.5):,.0f}" for s in STAGES)
-        print(f"{label:<36} {len(latencies):>8,} {pct(latencies, .5):>8,.0f} {pct(latencies, .95):>8,.0f} "
-              f"{pct(latencies, .99):>8,.0f}   {lag_text}")
+    results: dict[tuple[str, str], Measured] = {}
+    for mode in modes:
+        trigger = {"trigger_ms": args.trigger_ms} if mode == "microbatch" else {}  # continuous mode has none
+        if args.warm_up > 0:  # the JVM's and the workers' start-up, outside the measured runs
+            warm = tempfile.mkdtemp(prefix="headrace-latency-warm-")
+            run(build(args.rate, args.warm_up, f"latency_warm_{mode}", warm, args.inject_batch, shards=args.shards),
+                store=f"sqlite:///{warm}/store.db", spark=spark, progress=None, mode=mode, **trigger)
+        for label, tag, options in VARIANTS:
+            folder = tempfile.mkdtemp(prefix=f"headrace-latency-{mode}-{tag}-")
+            url = f"sqlite:///{folder}/store.db"
+            started = time.perf_counter()
+            run(build(args.rate, args.seconds, f"latency_{mode}_{tag}", folder, args.inject_batch,
+                      shards=args.shards, **options),
+                store=url, spark=spark, progress=None, mode=mode, **trigger)
+            took = time.perf_counter() - started
+            results[(mode, tag)] = m = measure(url, folder, mode, args.settle, args.shards)
+            print(f"  ran {mode} {label} in {took:.1f} s ({folder})", flush=True)
+            if m.lost:
+                print(f"  WARNING: {mode} {label}: {m.lost:,} injected records never reached the third stage")
+    print_results(args, modes, results)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     others = peak_rss_of_descendants(os.getpid())
     print(f"peak memory (VmHWM): Python driver {peak_mb:,.0f} MB; " +
           ", ".join(f"{name} {mb:,.0f} MB" for name, mb in others))
     spark.stop()
+
+
+def print_results(args: Any, modes: list[str], results: dict[tuple[str, str], Measured]) -> None:
+    print()
+    print("delivery latency (ms): hop = from the commit of the batch holding the record to the consumer's user code")
+    print(f"{'mode':<11} {'variant':<21} {'hop':<15} {'records':>8} {'p50':>8} {'p95':>8} {'p99':>8}")
+    for mode in modes:
+        for label, tag, _ in VARIANTS:
+            m = results[(mode, tag)]
+            for hop, values in m.hops.items():
+                print(f"{mode:<11} {label:<21} {hop:<15} {len(values):>8,} {pct(values, .5):>8,.1f} "
+                      f"{pct(values, .95):>8,.1f} {pct(values, .99):>8,.1f}")
+            inside = ", ".join(f"{s} {pct(v, .5):,.1f} / {pct(v, .95):,.1f}" for s, v in m.in_stage.items())
+            print(f"{'':<11} {'':<21} in stage, seen to the commit of its output, p50 / p95: {inside}")
+    print()
+    print("watermark lag (ms), p50 / p95: from an injector batch's publish to the stage's journaled output "
+          "watermark reaching it")
+    print(f"{'mode':<11} {'variant':<21} {'journal':<22} " + " ".join(f"{s:>17}" for s in STAGES))
+    for mode in modes:
+        for label, tag, _ in VARIANTS:
+            m = results[(mode, tag)]
+            rows = [("C (driver)" if mode == "microbatch" else "C (authority)", m.lags)]
+            if m.interval_lags:
+                rows.append(("C/<i> (intervals)", m.interval_lags))
+            for journal, lags in rows:
+                print(f"{mode:<11} {label:<21} {journal:<22} " +
+                      " ".join(f"{f'{pct(lags[s], .5):,.0f} / {pct(lags[s], .95):,.0f}':>17}" for s in STAGES))
+    print()
+    print("targets:")
+    for mode in modes:
+        strong, weak = results[(mode, "strong")], results[(mode, "weak")]
+        per_hop = [h for h in strong.hops if h != "end to end"]
+        worst50 = max(pct(strong.hops[h], .5) for h in per_hop)
+        worst95 = max(pct(strong.hops[h], .95) for h in per_hop)
+        weak50 = max(pct(weak.hops[h], .5) for h in per_hop)
+        scope = "" if mode == "continuous" else "  (the targets are continuous mode's; shown for comparison)"
+        print(f"  {mode}{scope}")
+        print(f"    exactly-once strong, per hop p50 <= {TARGET_STRONG_P50_MS:g} ms: worst hop {worst50:,.1f} ms: "
+              f"{verdict(worst50 <= TARGET_STRONG_P50_MS)}")
+        print(f"    exactly-once strong, per hop p95 <= {TARGET_STRONG_P95_MS:g} ms: worst hop {worst95:,.1f} ms: "
+              f"{verdict(worst95 <= TARGET_STRONG_P95_MS)}")
+        print(f"    at-least-once weak, per hop p50 <= {TARGET_WEAK_P50_MS:g} ms: worst hop {weak50:,.1f} ms: "
+              f"{verdict(weak50 <= TARGET_WEAK_P50_MS)}")
+        for label, tag, _ in VARIANTS:
+            lags = results[(mode, tag)].lags
+            first = pct(lags[STAGES[0]], .5)
+            steps = [pct(lags[b], .5) - pct(lags[a], .5) for a, b in zip(STAGES, STAGES[1:])]
+            print(f"    {label}: watermark lag p50 at {STAGES[0]} <= {TARGET_LAG_FIRST_MS:,.0f} ms: {first:,.0f} ms: "
+                  f"{verdict(first <= TARGET_LAG_FIRST_MS)}; each further stage adds <= "
+                  f"{TARGET_LAG_PER_STAGE_MS:,.0f} ms: " + ", ".join(f"+{s:,.0f}" for s in steps) +
+                  f" ms: {verdict(all(s <= TARGET_LAG_PER_STAGE_MS for s in steps))}")
 
 
 def peak_rss_of_descendants(root: int) -> list[tuple[str, float]]:

@@ -9,8 +9,11 @@ The equal work, for every variant that runs on Spark:
   the Spark variant's parquet files are written (one per ``--batch`` records);
 - drained as one micro-batch: headrace's source reads every batch published since its last offset,
   so a pre-published input is a single micro-batch; Spark's file source reads every file present
-  (no ``maxFilesPerTrigger``). Each key's state is therefore read and written once. The number of
-  micro-batches that saw input is counted for each variant and must be the same;
+  (no ``maxFilesPerTrigger``). headrace in continuous mode has no micro-batches: each key interval
+  reads everything on the bus in its worker's first pass and commits it as one batch (journaled as
+  producer ``Count/<i>``). Each key's state is therefore read and written once. The number of
+  micro-batches that saw input (for continuous mode: the most batches any interval committed) is
+  counted for each variant and must be the same;
 - a count per key in keyed state, and no output rows: headrace's ``Count`` sets ``ctx.state`` and
   produces nothing; the StatefulProcessor updates a ValueState and yields nothing, into Spark's
   ``noop`` sink. The result of each is its state, committed by the engine to its own durable store
@@ -21,12 +24,15 @@ The equal work, for every variant that runs on Spark:
 
 Variants:
 1. transformWithState (Row API, ValueState per key, RocksDB state store) over a file stream;
-2. headrace (exactly-once, strong productions, SQLite store), ``headrace.run`` to drain;
-3. headrace with both off (at-least-once, weak productions; with no productions, only the missing
-   dedup of record ids differs);
-4. the same Computation in a bare in-memory loop (bench/engine_throughput.py).
-Both Spark variants share one SparkSession, warmed up by a small run of each; session start-up is
-excluded from both.
+2. headrace (exactly-once, strong productions, SQLite store), ``headrace.run`` to drain, in
+   micro-batch mode (a Structured Streaming query, a task per shard);
+3. the same in continuous mode (``mode="continuous"``: long-lived workers, one per core, each
+   owning key intervals; the clock runs from ``run`` until it returns, as for 2);
+4. headrace micro-batch with both off (at-least-once, weak productions; with no productions, only
+   the missing dedup of record ids differs);
+5. the same Computation in a bare in-memory loop (bench/engine_throughput.py).
+Every Spark variant shares one SparkSession, warmed up by a small run of each; session start-up is
+excluded from all.
 """
 
 from __future__ import annotations
@@ -118,18 +124,18 @@ class Count(Computation):
 
 
 def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int, shards: int,
-                 **options: Any) -> Measured:
+                 mode: str = "microbatch", **options: Any) -> Measured:
     """Publishes the input to the bus first (untimed, as the files of the Spark variant are written
     before it starts), then times the computation from its start until it has drained."""
     url = f"sqlite:///{folder}/store.db"
-    bus = Topology("keyed_count")
+    bus = Topology("keyed_count_bus")  # its own name: a topology keeps one mode per store
     bus.inject("events", injectors.records(data, timestamp="ts", batch_size=batch))
     run(bus, store=url, spark=spark, progress=None)
     t = Topology("keyed_count")
     t.inject("events", injectors.records(data, timestamp="ts", batch_size=batch))
     spec = t.add(Count, inputs={"events": key_by("key")}, shards=shards, **options)
     start = time.perf_counter()
-    run(t, store=url, spark=spark, progress=None, trigger_ms=50)
+    run(t, store=url, spark=spark, progress=None, mode=mode, **({"trigger_ms": 50} if mode == "microbatch" else {}))
     elapsed = time.perf_counter() - start
     store = open_store(url)
     try:
@@ -147,15 +153,21 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
             db.close()
         if stored != len(counts):
             counts["<state rows of other keys>"] = stored - len(counts)
-        return Measured(elapsed, counts, len(store.batches(spec.name)), store.counters(spec.name)["records"])
+        if mode == "continuous":  # an interval's commits are batches of its producer Count/<i>
+            batches = max(len(store.batches(f"{spec.name}/{i}")) for i in range(shards))
+        else:
+            batches = len(store.batches(spec.name))
+        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"])
     finally:
         store.close()
 
 
-def warm_up(spark: Any, folder: str, tws: bool) -> None:
-    """A small run of each Spark variant, so that neither pays the first use of its code paths."""
+def warm_up(spark: Any, folder: str, tws: bool, continuous: bool) -> None:
+    """A small run of each Spark variant, so that none pays the first use of its code paths."""
     data = records(2_000, 100)
     run_headrace(spark, data, os.path.join(folder, "headrace"), 1_000, 2)
+    if continuous:
+        run_headrace(spark, data, os.path.join(folder, "continuous"), 1_000, 2, mode="continuous")
     if tws:
         files = os.path.join(folder, "files")
         os.makedirs(files)
@@ -173,6 +185,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="50,000 records over 5,000 keys")
     parser.add_argument("--skip-tws", action="store_true", help="no transformWithState variant")
     parser.add_argument("--skip-weak", action="store_true", help="no at-least-once variant")
+    parser.add_argument("--skip-continuous", action="store_true", help="no continuous-mode variant")
     args = parser.parse_args()
     if args.quick:
         args.records, args.keys, args.batch = 50_000, "5000", 10_000
@@ -185,17 +198,25 @@ def main() -> None:
     spark = spark_session(args.master, conf={"spark.sql.shuffle.partitions": str(args.shards)})
     table = []
     with tempfile.TemporaryDirectory(prefix="headrace-spark-bench-") as tmp:
-        warm_up(spark, os.path.join(tmp, "warm"), not args.skip_tws)
+        warm_up(spark, os.path.join(tmp, "warm"), not args.skip_tws, not args.skip_continuous)
         for keys in key_counts:
             table.append((keys, measure(spark, args, keys, os.path.join(tmp, f"k{keys}"))))
     print()
-    print(f"{'keys':>8} {'variant':<52} {'records/s':>10} {'headrace is':>12}")
+    print("ratios: a headrace mode's records/s divided by the row's (2.00x: that headrace mode is twice as fast)")
+    print(f"{'keys':>8} {'variant':<66} {'records/s':>10} {'micro-batch is':>15} {'continuous is':>14}")
     for keys, rows in table:
-        headrace_rate = rows[1][1]
+        rates = dict(rows)
+        micro = rates[MICRO]
+        cont = rates.get(CONTINUOUS)
         for label, rate in rows:
-            print(f"{keys:>8,} {label:<52} {rate:>10,.0f} {headrace_rate / rate:>11.2f}x")
+            print(f"{keys:>8,} {label:<66} {rate:>10,.0f} {micro / rate:>14.2f}x "
+                  + (f"{cont / rate:>13.2f}x" if cont is not None else f"{'—':>14}"))
     print(f"peak memory of the Python driver: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB")
     spark.stop()
+
+
+MICRO = "headrace micro-batch (exactly-once, strong productions, SQLite)"
+CONTINUOUS = "headrace continuous (exactly-once, strong productions, SQLite)"
 
 
 def check(label: str, got: Measured, oracle: dict[str, int], records: int) -> None:
@@ -204,7 +225,8 @@ def check(label: str, got: Measured, oracle: dict[str, int], records: int) -> No
     assert got.counts == oracle, (f"{label}: counts read back from its state differ from the oracle "
                                   f"({len(got.counts):,} keys against {len(oracle):,})")
     assert got.rows == records, f"{label}: processed {got.rows:,} input rows, not {records:,}"
-    assert got.batches == 1, f"{label}: drained the input in {got.batches} micro-batches, not 1 as the others"
+    assert got.batches == 1, (f"{label}: drained the input in {got.batches} micro-batches (continuous: commits of "
+                              f"one interval), not 1 as the others")
 
 
 def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float]]:
@@ -216,12 +238,16 @@ def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float
     hr = run_headrace(spark, data, os.path.join(tmp, "strong"), args.batch, args.shards)
     check("headrace", hr, oracle, args.records)
     rows.append(("bare in-memory loop", args.records / bare_s))
-    rows.append(("headrace (exactly-once, strong productions, SQLite)", args.records / hr.seconds))
+    rows.append((MICRO, args.records / hr.seconds))
+    if not args.skip_continuous:
+        cont = run_headrace(spark, data, os.path.join(tmp, "continuous"), args.batch, args.shards, mode="continuous")
+        check("headrace continuous", cont, oracle, args.records)
+        rows.append((CONTINUOUS, args.records / cont.seconds))
     if not args.skip_weak:
         weak = run_headrace(spark, data, os.path.join(tmp, "weak"), args.batch, args.shards,
                             semantics="at_least_once", productions="weak")
         check("headrace (at-least-once)", weak, oracle, args.records)
-        rows.append(("headrace (at-least-once, weak productions, SQLite)", args.records / weak.seconds))
+        rows.append(("headrace micro-batch (at-least-once, weak productions, SQLite)", args.records / weak.seconds))
     if not args.skip_tws:
         files = os.path.join(tmp, "files")
         os.makedirs(files)
@@ -229,7 +255,8 @@ def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float
         tws = run_transform_with_state(spark, files, os.path.join(tmp, "tws-checkpoint"))
         check("transformWithState", tws, oracle, args.records)
         rows.append(("transformWithState (Row API, RocksDB)", args.records / tws.seconds))
-    print(f"  {keys:,} keys: each variant drained {args.records:,} records in one micro-batch; "
+    print(f"  {keys:,} keys: each variant drained {args.records:,} records in one micro-batch (continuous: one "
+          f"commit per interval); "
           f"{len(oracle):,} per-key counts read back from each one's state and equal to the oracle", flush=True)
     for label, rate in rows:
         print(f"  {keys:,} keys: {label}: {rate:,.0f} records/s", flush=True)

@@ -70,6 +70,9 @@ class PostgresStore(SQLStore):
     def _in_list(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"{column} = ANY(?)", list(values)
 
+    def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
+        return f"unnest(?::text[]) AS v({column})", list(values)
+
     def _lock_producer(self, producer: str) -> None:
         self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))
 

@@ -54,6 +54,10 @@ class SQLStore:
         """A condition ``column IN values`` and its one parameter."""
         raise NotImplementedError
 
+    def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
+        """A FROM item with one row per value, in a column named ``column``, and its one parameter."""
+        raise NotImplementedError
+
     def _lock_producer(self, producer: str) -> None:
         """Serialize journal writes of one producer (no-op where BEGIN_WRITE already locks the database)."""
 
@@ -170,12 +174,13 @@ class SQLStore:
             (computation,))}
 
     def latest_batches(self, producers: list[str]) -> dict[str, int]:
-        """The last batch each producer journaled (absent: none yet), in one query."""
+        """The last batch each producer journaled (absent: none yet), in one query: one index
+        seek per producer (a ``GROUP BY`` over the journal would read every batch it ever had)."""
         if not producers:
             return {}
-        condition, param = self._in_list("producer", producers)
+        values, param = self._values("p", producers)
         return {p: int(b) for p, b in self._all(
-            f"SELECT producer, MAX(batch) FROM batches WHERE {condition} GROUP BY producer", (param,))}
+            f"SELECT p, (SELECT MAX(batch) FROM batches WHERE producer = p) FROM {values}", (param,)) if b is not None}
 
     def sequencer(self, computation: str) -> int:
         row = self._one("SELECT sequencer FROM computations WHERE name = ?", (computation,))

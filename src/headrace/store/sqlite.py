@@ -50,5 +50,8 @@ class SQLiteStore(SQLStore):
     def _in_list(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(values)
 
+    def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
+        return f"(SELECT value AS {column} FROM json_each(?))", json.dumps(values)
+
     def close(self) -> None:
         self._db.close()

@@ -221,6 +221,15 @@ def test_the_journal_is_monotonic(store: Any, writer: int) -> None:
     assert store.batch_info(C, 2)[:4] == (C, 2, 10, 100) and store.batch_info(C, 9) is None
 
 
+def test_latest_batches_gives_each_producers_last_batch_and_leaves_out_those_without_one(store: Any,
+                                                                                        writer: int) -> None:
+    assert store.latest_batches([]) == {}
+    for batch in (1, 2, 3):
+        store.complete_batch(C, batch, batch, batch, writer)
+    store.complete_batch("other/1", 7, 0, 0)
+    assert store.latest_batches([C, "other/1", "never"]) == {C: 3, "other/1": 7}
+
+
 def test_completing_a_batch_again_is_idempotent(store: Any, writer: int) -> None:
     store.complete_batch(C, 1, 10, 100, writer)
     store.complete_batch(C, 2, 20, 200, writer)
