@@ -91,12 +91,12 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
     url = f"sqlite:///{folder}/store.db"
     bus = Topology("window_counter")
     bus.inject("searches", injectors.records(data, timestamp="ts", batch_size=batch))
-    run(bus, store=url, spark=spark, progress=None)  # the input on the bus first, untimed
+    run(bus, store=url, spark=spark, progress=None, mode="microbatch")  # the input on the bus first, untimed
     t = Topology("window_counter")
     t.inject("searches", injectors.records(data, timestamp="ts", batch_size=batch))
     t.add(WindowCounter, inputs={"searches": key_by("key")}, outputs=["windows"])
     start = time.perf_counter()
-    run(t, store=url, spark=spark, progress=None, trigger_ms=50)
+    run(t, store=url, spark=spark, progress=None, trigger_ms=50, mode="microbatch")
     elapsed = time.perf_counter() - start
     return elapsed, {(r.value["query"], r.value["bucket"]): r.value["count"] for r in read("windows", url)}
 

@@ -131,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=3)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rate", type=float, default=6_000, help="records injected per wall-clock second")
+    parser.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
+                        help="continuous (default): long-lived workers; microbatch: a Spark query per computation")
     args = parser.parse_args(argv)
 
     if args.fresh and os.path.exists(args.dir):
@@ -143,12 +145,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"zeitgeist: {len(scenario.events):,} searches over {scenario.queries} queries, {scenario.days} simulated "
           f"days; {len(scenario.truth)} injected anomalies; store {store_url}", flush=True)
 
+    from headrace.spark.continuous import ContinuousRunner
     from headrace.spark.runner import SparkRunner
 
     started_ms = int(time.time() * 1000)
     watcher = AnomalyWatcher(store_url, os.path.join(args.dir, "anomalies.jsonl"), sys.stdout)
-    runner = SparkRunner(build(scenario, rate=args.rate), store_url, args.master, progress=sys.stderr,
-                         progress_every_s=5.0)
+    make = ContinuousRunner if args.mode == "continuous" else SparkRunner
+    runner = make(build(scenario, rate=args.rate), store_url, args.master, progress=sys.stderr,
+                  progress_every_s=5.0)
     try:
         runner.start()
         watcher.start()

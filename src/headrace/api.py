@@ -19,12 +19,12 @@ MODES = ("microbatch", "continuous")
 def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
-        mode: str = "microbatch") -> Any:
+        mode: str = "continuous") -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
-    ``mode="microbatch"`` runs a Structured Streaming query per computation (throughput, backfill);
-    ``mode="continuous"`` runs long-lived workers that own key intervals and deliver each record
-    as soon as its producer commits (docs/architecture.md §4). Returns a ``RunResult`` once every computation
+    ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
+    as soon as its producer commits; ``mode="microbatch"`` runs a Structured Streaming query per
+    computation, each batch a Spark job (docs/architecture.md §4). Returns a ``RunResult`` once every computation
     has drained, when all injectors are bounded; otherwise runs until stopped (Ctrl-C). Running
     again with the same store resumes. ``retention_ms`` bounds how long committed segments of
     every stream are kept (micro-batch mode).

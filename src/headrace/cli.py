@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--store", default=DEFAULT_STORE_URL)
     p_run.add_argument("--master", default="local[*]")
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
-    p_run.add_argument("--mode", default="microbatch", choices=["microbatch", "continuous"],
+    p_run.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                        help="microbatch: a Spark query per computation; continuous: long-lived workers that own key intervals")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)

@@ -75,5 +75,5 @@ if __name__ == "__main__":
         run(build(n, productions), store=store, master="local[2,100]", progress=None, mode=mode)
     else:
         run(build(n, productions), store=store, master="local[2,100]", checkpoint_dir=checkpoints, progress=None,
-            trigger_ms=100)
+            trigger_ms=100, mode="microbatch")
     print("drained", flush=True)

@@ -33,7 +33,7 @@ def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: A
 def test_every_stage_watermark_is_monotonic_and_lags_its_producer_by_at_most_one_batch(spark: Any, store_url: str) -> None:
     events = searches(2_000, seed=5)
     topology = three_stage(events, batch_size=50, name="lagging", rate=200)
-    run(topology, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100)
+    run(topology, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100, mode="microbatch")
 
     store = open_store(store_url)
     stages = {"WindowCounter": "inject:searches", "BucketTotals": "WindowCounter",

@@ -41,7 +41,7 @@ def test_late_records_are_counted_and_handled_by_each_computations_policy(spark:
     t.add(Echo, name="Dropper", inputs={"events": key_by(lambda v: "drop")}, outputs=["seen_drop"], late="drop")
     t.add(Echo, name="Deliverer", inputs={"events": key_by(lambda v: "deliver")}, outputs=["seen_deliver"],
           late="deliver")
-    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100)
+    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100, mode="microbatch")
 
     store = open_store(store_url)
     assert store.counters("Dropper").get("late_dropped") == 5

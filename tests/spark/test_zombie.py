@@ -32,7 +32,8 @@ def test_a_second_driver_takes_over_and_every_write_of_the_first_is_refused(spar
         first_sequencer = open_store(store).sequencer("Counter")
 
         # the second driver: same topology, store and checkpoints; it takes over and finishes
-        run(build(), store=store, spark=spark, checkpoint_dir=str(checkpoints), progress=None, timeout_s=300)
+        run(build(), store=store, spark=spark, checkpoint_dir=str(checkpoints), progress=None, timeout_s=300,
+            mode="microbatch")
         assert open_store(store).sequencer("Counter") == first_sequencer + 1
         before = {r.id: r.value for r in read("counts", store)}
         versions = open_store(store).shard_versions("Counter")

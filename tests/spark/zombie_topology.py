@@ -43,7 +43,8 @@ if __name__ == "__main__":
     store, checkpoints, signals = sys.argv[1:4]
     os.environ["HEADRACE_TEST_STALL_DIR"] = signals
     try:
-        run(build(), store=store, master="local[1]", checkpoint_dir=checkpoints, progress=None, timeout_s=600)
+        run(build(), store=store, master="local[1]", checkpoint_dir=checkpoints, progress=None, timeout_s=600,
+            mode="microbatch")
     except Exception as exc:
         print(f"zombie stopped: {exc}", file=sys.stderr, flush=True)
         sys.exit(3)
