@@ -51,7 +51,7 @@ from typing import Any, Iterator, NamedTuple
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from engine_throughput import KeyedCounter, make_input, run_bare  # noqa: E402
+from engine_throughput import make_input, run_bare  # noqa: E402
 
 from headrace import Computation, Topology, injectors, key_by, run  # noqa: E402
 from headrace.spark.session import spark_session  # noqa: E402

@@ -21,13 +21,14 @@ import uuid
 from typing import Any, Iterator, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
-from ..errors import HeadraceError, OptionError, UserCodeError
+from ..errors import OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
 from ..topology import Topology
-from .inject import DataFrameInjector, is_streaming_dataframe
+from .inject import DataFrameInjector
 from .query import QueryStats
-from .runner import InjectorThread, RunResult, _injectors, _pickle_user_code_by_value, claim_mode
+from .runner import (InjectorThread, RunResult, _pickle_user_code_by_value, check_injectors, checkpoint_root,
+                     claim_mode, start_injectors)
 from .session import spark_session
 
 __all__ = ["ContinuousRunner", "continuous_producers"]
@@ -124,20 +125,8 @@ class ContinuousRunner:
         for stream in sorted(self.topology.streams()):
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
-        for stream, injection in self.topology.injections.items():
-            if is_streaming_dataframe(injection.source):
-                producer = injection.producers[0]
-                from .runner import checkpoint_root
-
-                injector = DataFrameInjector(injection, producer, self.url,
-                                             checkpoint_root(self.store, self.topology.name, None), 200)
-                self.injectors[producer] = injector
-                injector.start()
-                continue
-            for producer, part in zip(injection.producers, _injectors(injection)):
-                thread = InjectorThread(stream, producer, part, self.url, self.errors.append)
-                self.injectors[producer] = thread
-                thread.start()
+        self.injectors = start_injectors(self.topology, self.url, checkpoint_root(self.store, self.topology.name, None),
+                                         200, self.errors.append)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
         self._authority = threading.Thread(target=self._run_authority, name="headrace-watermark-authority",
@@ -282,15 +271,7 @@ class ContinuousRunner:
                         for n in self.topology.computations if n not in self.removed))
 
     def check(self) -> None:
-        if self.errors:
-            exc = self.errors[0]
-            if isinstance(exc, HeadraceError):
-                raise exc
-            raise UserCodeError("An injector failed", got_text=f"{type(exc).__name__}: {exc}",
-                                hint="fix the source; the injector resumes from its last published batch") from exc
-        for i in self.injectors.values():
-            if isinstance(i, DataFrameInjector):
-                i.check()
+        check_injectors(self.errors, self.injectors)
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         deadline = None if timeout_s is None else time.time() + timeout_s

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import pickle
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 

@@ -93,6 +93,37 @@ class InjectorThread(threading.Thread):
             store.close()
 
 
+def start_injectors(topology: Topology, url: str, checkpoint_dir: str, trigger_ms: int,
+                    on_error: Callable[[BaseException], None]) -> dict[str, "InjectorThread | DataFrameInjector"]:
+    """Start every injector of ``topology``: a thread per part, a Spark query per streaming DataFrame."""
+    started: dict[str, InjectorThread | DataFrameInjector] = {}
+    for stream, injection in topology.injections.items():
+        if is_streaming_dataframe(injection.source):
+            producer = injection.producers[0]
+            df_injector = DataFrameInjector(injection, producer, url, checkpoint_dir, trigger_ms)
+            started[producer] = df_injector
+            df_injector.start()
+            continue
+        for producer, injector in zip(injection.producers, _injectors(injection)):
+            thread = InjectorThread(stream, producer, injector, url, on_error)
+            started[producer] = thread
+            thread.start()
+    return started
+
+
+def check_injectors(errors: list[BaseException], injectors: dict[str, "InjectorThread | DataFrameInjector"]) -> None:
+    """Raise the first injector failure, as the error that names it."""
+    if errors:
+        exc = errors[0]
+        if isinstance(exc, HeadraceError):
+            raise exc
+        raise UserCodeError("An injector failed", got_text=f"{type(exc).__name__}: {exc}",
+                            hint="fix the source; the injector resumes from its last published batch") from exc
+    for i in injectors.values():
+        if isinstance(i, DataFrameInjector):
+            i.check()
+
+
 @dataclass
 class RunResult:
     elapsed_s: float
@@ -174,17 +205,8 @@ class SparkRunner:
         if self.spark is None:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
         _pickle_user_code_by_value(self.topology)
-        for stream, injection in self.topology.injections.items():
-            if is_streaming_dataframe(injection.source):
-                producer = injection.producers[0]
-                df_injector = DataFrameInjector(injection, producer, self.url, self.checkpoint_root, self.trigger_ms)
-                self.injectors[producer] = df_injector
-                df_injector.start()
-                continue
-            for producer, injector in zip(injection.producers, _injectors(injection)):
-                thread = InjectorThread(stream, producer, injector, self.url, self.errors.append)
-                self.injectors[producer] = thread
-                thread.start()
+        self.injectors = start_injectors(self.topology, self.url, self.checkpoint_root, self.trigger_ms,
+                                         self.errors.append)
         for spec in self.topology.computations.values():
             self.add(spec.name)
         return self
@@ -224,17 +246,9 @@ class SparkRunner:
                 and all(q.stats.input_watermark == END_OF_TIME for q in self.queries.values()))
 
     def check(self) -> None:
-        if self.errors:
-            exc = self.errors[0]
-            if isinstance(exc, HeadraceError):
-                raise exc
-            raise UserCodeError("An injector failed", got_text=f"{type(exc).__name__}: {exc}",
-                                hint="fix the source; the injector resumes from its last published batch") from exc
+        check_injectors(self.errors, self.injectors)
         for q in self.queries.values():
             q.check()
-        for i in self.injectors.values():
-            if isinstance(i, DataFrameInjector):
-                i.check()
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until drained (all injectors bounded), ``timeout_s`` passes, or Ctrl-C."""
