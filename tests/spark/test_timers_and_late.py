@@ -26,7 +26,8 @@ def wait_for_watermark(store_url: str, computations: list[str], at_least: int, t
     raise TimeoutError(f"{computations} never reached watermark {at_least}")
 
 
-def test_late_records_are_counted_and_handled_by_each_computations_policy(spark: Any, store_url: str) -> None:
+def test_late_records_are_counted_and_handled_by_each_computations_policy(spark: Any, store_url: str,
+                                                                          mode: str) -> None:
     def events() -> Iterator[dict[str, Any]]:
         for i in range(20):
             yield {"k": "x", "ts": BASE + i * 100, "n": i}
@@ -41,7 +42,8 @@ def test_late_records_are_counted_and_handled_by_each_computations_policy(spark:
     t.add(Echo, name="Dropper", inputs={"events": key_by(lambda v: "drop")}, outputs=["seen_drop"], late="drop")
     t.add(Echo, name="Deliverer", inputs={"events": key_by(lambda v: "deliver")}, outputs=["seen_deliver"],
           late="deliver")
-    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100, mode="microbatch")
+    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode,
+        **({"trigger_ms": 100} if mode == "microbatch" else {}))
 
     store = open_store(store_url)
     assert store.counters("Dropper").get("late_dropped") == 5
@@ -52,12 +54,12 @@ def test_late_records_are_counted_and_handled_by_each_computations_policy(spark:
     assert delivered == sorted([*range(30), *range(100, 105)])
 
 
-def test_watermark_timers_fire_after_every_earlier_record(spark: Any, store_url: str) -> None:
+def test_watermark_timers_fire_after_every_earlier_record(spark: Any, store_url: str, mode: str) -> None:
     events = searches(1_500, seed=11, disorder_ms=5_000)
     t = Topology("timers")
     t.inject("searches", injectors.records(events, timestamp="ts", batch_size=50))
     t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=2)
-    run(t, store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     produced = read("window_counts", store_url)
     # a timer that fired before some record of its bucket arrived would emit a short count (and then
     # fail on a second firing); every count is complete and every window emitted exactly once
