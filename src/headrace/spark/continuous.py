@@ -26,7 +26,7 @@ from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
 from ..topology import Topology
 from .inject import DataFrameInjector
-from .query import QueryStats
+from .query import QueryStats, failure_detail
 from .runner import (InjectorThread, RunResult, _pickle_user_code_by_value, check_injectors, checkpoint_root,
                      claim_mode, start_injectors)
 from .session import spark_session
@@ -181,8 +181,11 @@ class ContinuousRunner:
 
     def batches(self, name: str) -> int:
         """How many interval commits computation ``name`` has made."""
-        shards = self.topology.computation(name).options.shards
-        return sum(self.store.latest_batches([interval_producer(name, i) for i in range(shards)]).values())
+        return sum(self.store.latest_batches(self._parts(name)).values())
+
+    def _parts(self, name: str) -> list[str]:
+        """The bus producers of computation ``name``'s intervals."""
+        return [interval_producer(name, i) for i in range(self.topology.computation(name).options.shards)]
 
     def _restart_job(self) -> None:
         if self._job is None:
@@ -252,7 +255,7 @@ class ContinuousRunner:
         for spec in self.topology.computations.values():
             if spec.name in self.removed:
                 continue
-            parts = [interval_producer(spec.name, i) for i in range(spec.options.shards)]
+            parts = self._parts(spec.name)
             heads = store.latest_batches(parts)
             infos = [store.batch_info(p, heads[p]) if p in heads else None for p in parts]
             inp = min((i.input_watermark if i else BEGINNING_OF_TIME) for i in infos)
@@ -294,9 +297,7 @@ class ContinuousRunner:
         stats = {}
         for name in self.topology.computations:
             inp, out = self._marks.get(name, (BEGINNING_OF_TIME, BEGINNING_OF_TIME))
-            batches = sum(self.store.latest_batches(
-                [interval_producer(name, i) for i in range(self.topology.computations[name].options.shards)]).values())
-            stats[name] = QueryStats(batches, inp, out, self.store.counters(name), 0.0)
+            stats[name] = QueryStats(self.batches(name), inp, out, self.store.counters(name), 0.0)
         return RunResult(time.time() - self._started, stats, {p: i.published for p, i in self.injectors.items()})
 
     def watermarks(self) -> dict[str, tuple[int, int]]:
@@ -313,8 +314,5 @@ class ContinuousRunner:
 
 
 def _job_error(exc: BaseException) -> UserCodeError:
-    text = str(exc)
-    marker = "headrace.errors."
-    detail = text[text.index(marker):].splitlines()[0] if marker in text else text.splitlines()[0]
-    return UserCodeError("A continuous worker failed", got_text=detail,
+    return UserCodeError("A continuous worker failed", got_text=failure_detail(exc),
                          hint="fix the cause and run again: every interval resumes from its last commit")

@@ -194,9 +194,13 @@ class ComputationQuery:
         self.store.close()
 
 
-def _query_error(name: str, exc: Any) -> UserCodeError:
+def failure_detail(exc: Any) -> str:
+    """The line of a Spark failure that says what went wrong: the headrace error a task raised, if any."""
     text = str(exc)
     marker = "headrace.errors."
-    detail = text[text.index(marker):].splitlines()[0] if marker in text else text.splitlines()[0] if text else repr(exc)
-    return UserCodeError(f"The query of computation {name!r} failed", got_text=detail,
+    return text[text.index(marker):].splitlines()[0] if marker in text else text.splitlines()[0] if text else repr(exc)
+
+
+def _query_error(name: str, exc: Any) -> UserCodeError:
+    return UserCodeError(f"The query of computation {name!r} failed", got_text=failure_detail(exc),
                          hint="fix the cause and run again: every shard resumes from its last committed batch")
