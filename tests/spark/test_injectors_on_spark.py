@@ -41,7 +41,8 @@ def test_an_injector_of_several_parts_holds_the_watermark_at_their_minimum(spark
     t = Topology("parts")
     t.inject("searches", injectors.several(
         injectors.records(fast, timestamp="ts", batch_size=200),
-        injectors.records(slow, timestamp="ts", batch_size=40, rate=400)))
+        # the slow part publishes for 8 s, so the consumer runs several batches even when its query starts late
+        injectors.records(slow, timestamp="ts", batch_size=40, rate=100)))
     t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=2)
     run(t, store=store_url, spark=spark, progress=None, timeout_s=300, trigger_ms=100, mode="microbatch")
     assert window_counts(store_url) == oracle(events)["window_counts"]
