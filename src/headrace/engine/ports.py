@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 
+from ..errors import StoreError
 from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
 
 __all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "IntervalClaim"]
@@ -109,5 +110,10 @@ class IntervalStore(ShardStore, Bus, Journal, Protocol):
                         lease_until: int) -> set[int]: ...
 
     def release_interval(self, computation: str, shard: int, sequencer: int) -> None: ...
+
+    def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
+        """Several intervals' outcomes in one transaction; a refused one (fenced, stale) is left out
+        and its error returned in its place."""
+        ...
 
     def latest_batches(self, producers: list[str]) -> dict[str, int]: ...

@@ -13,14 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..model import Computation, ComputationOptions
-from .batch import InputRecord, Production, ShardBatch, shard_of
+from ..errors import StoreError
+from .batch import InputRecord, Production, ShardBatch, ShardCommit, shard_of
 from .dedup import DedupIndex
-from .ports import Journal, ShardStore
+from .ports import IntervalStore, Journal, ShardStore
 from .shard import process_shard
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
 
-__all__ = ["ShardResult", "BatchOutcome", "run_shard_batch", "DedupCache", "finish_batch", "run_batch"]
+__all__ = ["ShardResult", "BatchOutcome", "PreparedBatch", "prepare_shard_batch", "run_shard_batch", "commit_together",
+           "DedupCache", "finish_batch", "run_batch"]
 
 
 @dataclass
@@ -52,7 +54,21 @@ class DedupCache:
         return index
 
 
-def run_shard_batch(
+@dataclass
+class PreparedBatch:
+    """A shard's batch whose user code has run, waiting for its commit (alone or with others)."""
+    txn: ShardTransaction
+    commit: ShardCommit
+    index: DedupIndex | None
+
+    def completed(self) -> ShardResult:
+        """The result once ``txn`` committed."""
+        if self.index is not None:
+            self.index.committed(self.commit.batch, (i for i, _ in self.commit.seen_ids))
+        return ShardResult(self.txn.productions, self.txn.state, self.commit.counters)
+
+
+def prepare_shard_batch(
     computation: Computation,
     name: str,
     options: ComputationOptions,
@@ -60,8 +76,9 @@ def run_shard_batch(
     store: ShardStore,
     batch: ShardBatch,
     dedup_cache: DedupCache | None = None,
-) -> ShardResult:
-    """One shard's part of one batch, committed in one transaction (or re-delivered)."""
+) -> ShardResult | PreparedBatch:
+    """Load the shard, drop duplicates and run user code: the batch prepared for its commit, or a
+    result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work)."""
     keys = list(dict.fromkeys(r.key for r in batch.records))
     snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
     txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.exactly_once)
@@ -84,11 +101,31 @@ def run_shard_batch(
     except BaseException:
         txn.abort()
         raise
-    txn.prepare(commit)
-    productions = txn.commit(store)
-    if index is not None:
-        index.committed(batch.batch, (i for i, _ in commit.seen_ids))
-    return ShardResult(productions, txn.state, commit.counters)
+    return PreparedBatch(txn, txn.prepare(commit), index)
+
+
+def run_shard_batch(
+    computation: Computation,
+    name: str,
+    options: ComputationOptions,
+    outputs: frozenset[str] | None,
+    store: ShardStore,
+    batch: ShardBatch,
+    dedup_cache: DedupCache | None = None,
+) -> ShardResult:
+    """One shard's part of one batch, committed in one transaction (or re-delivered)."""
+    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache)
+    if isinstance(prepared, ShardResult):
+        return prepared
+    prepared.txn.commit(store)
+    return prepared.completed()
+
+
+def commit_together(store: IntervalStore, prepared: list[PreparedBatch]) -> list[ShardResult | StoreError]:
+    """Commit several intervals' prepared batches in one store transaction: each one's result, or
+    the error (fenced, stale) that refused it alone."""
+    failures = ShardTransaction.commit_together(store, [p.txn for p in prepared])
+    return [p.completed() if failure is None else failure for p, failure in zip(prepared, failures)]
 
 
 def finish_batch(journal: Journal, name: str, batch: int, input_watermark: int, previous_output: int,
