@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model import Computation, ComputationOptions
-from .batch import InputRecord, Production, ShardBatch, shard_of
+from ..model import Computation, ComputationOptions, MonoidComputation
+from .batch import InputRecord, Production, ShardBatch, ShardSnapshot, shard_of
 from .dedup import DedupIndex
+from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
 from .ports import Journal, ShardStore
 from .shard import process_shard
 from .transaction import ShardTransaction, TxState
@@ -62,14 +63,16 @@ def run_shard_batch(
     dedup_cache: DedupCache | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
-    keys = list(dict.fromkeys(r.key for r in batch.records))
+    monoid = isinstance(computation, MonoidComputation)
+    keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
     snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
     txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.exactly_once)
     if txn.already_committed:
         productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
         return ShardResult(productions, txn.state)
 
-    if not batch.records and not batch.rejected and not snapshot.due_timers and batch.journal_as is None:
+    if (not batch.records and not batch.partials and not batch.rejected and not snapshot.due_timers
+            and batch.journal_as is None):
         return ShardResult([], txn.state)  # nothing to do: no write (an interval's batch always journals)
 
     is_duplicate = None
@@ -79,8 +82,13 @@ def run_shard_batch(
         index.ensure(snapshot.version)
         is_duplicate = index.seen
     try:
-        commit = process_shard(computation, name, options, outputs, batch, snapshot,
-                               is_duplicate or (lambda ids: set()))
+        if monoid:
+            commit = process_monoid_shard(computation, name, options, outputs, batch, snapshot,
+                                          _stored_partials(store, name, batch, snapshot),
+                                          is_duplicate or (lambda ids: set()))
+        else:
+            commit = process_shard(computation, name, options, outputs, batch, snapshot,
+                                   is_duplicate or (lambda ids: set()))
     except BaseException:
         txn.abort()
         raise
@@ -89,6 +97,16 @@ def run_shard_batch(
     if index is not None:
         index.committed(batch.batch, (i for i, _ in commit.seen_ids))
     return ShardResult(productions, txn.state, commit.counters)
+
+
+def _stored_partials(store: ShardStore, name: str, batch: ShardBatch,
+                     snapshot: ShardSnapshot) -> dict[tuple[str, int], list[bytes]]:
+    """The delta rows a monoid shard batch needs: those of its due windows, or, in a compacting
+    batch, every window's (read within the version check of the commit, so a retry sees the same)."""
+    if batch.batch % COMPACT_EVERY == 0:
+        return store.load_partials(name, batch.shard, None)
+    due = [(t.key, w) for t in snapshot.due_timers if (w := tag_window(t.tag)) is not None]
+    return store.load_partials(name, batch.shard, due) if due else {}
 
 
 def finish_batch(journal: Journal, name: str, batch: int, input_watermark: int, previous_output: int,
