@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model import Computation, ComputationOptions
 from ..errors import StoreError
-from .batch import InputRecord, Production, ShardBatch, ShardCommit, shard_of
+from ..model import Computation, ComputationOptions, MonoidComputation
+from .batch import InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, shard_of
 from .dedup import DedupIndex
+from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
 from .ports import IntervalStore, Journal, ShardStore
 from .shard import process_shard
 from .transaction import ShardTransaction, TxState
@@ -79,14 +80,16 @@ def prepare_shard_batch(
 ) -> ShardResult | PreparedBatch:
     """Load the shard, drop duplicates and run user code: the batch prepared for its commit, or a
     result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work)."""
-    keys = list(dict.fromkeys(r.key for r in batch.records))
+    monoid = isinstance(computation, MonoidComputation)
+    keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
     snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
     txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.exactly_once)
     if txn.already_committed:
         productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
         return ShardResult(productions, txn.state)
 
-    if not batch.records and not batch.rejected and not snapshot.due_timers and batch.journal_as is None:
+    if (not batch.records and not batch.partials and not batch.rejected and not snapshot.due_timers
+            and batch.journal_as is None):
         return ShardResult([], txn.state)  # nothing to do: no write (an interval's batch always journals)
 
     is_duplicate = None
@@ -96,8 +99,13 @@ def prepare_shard_batch(
         index.ensure(snapshot.version)
         is_duplicate = index.seen
     try:
-        commit = process_shard(computation, name, options, outputs, batch, snapshot,
-                               is_duplicate or (lambda ids: set()))
+        if monoid:
+            commit = process_monoid_shard(computation, name, options, outputs, batch, snapshot,
+                                          _stored_partials(store, name, batch, snapshot),
+                                          is_duplicate or (lambda ids: set()))
+        else:
+            commit = process_shard(computation, name, options, outputs, batch, snapshot,
+                                   is_duplicate or (lambda ids: set()))
     except BaseException:
         txn.abort()
         raise
@@ -126,6 +134,16 @@ def commit_together(store: IntervalStore, prepared: list[PreparedBatch]) -> list
     the error (fenced, stale) that refused it alone."""
     failures = ShardTransaction.commit_together(store, [p.txn for p in prepared])
     return [p.completed() if failure is None else failure for p, failure in zip(prepared, failures)]
+
+
+def _stored_partials(store: ShardStore, name: str, batch: ShardBatch,
+                     snapshot: ShardSnapshot) -> dict[tuple[str, int], list[bytes]]:
+    """The delta rows a monoid shard batch needs: those of its due windows, or, in a compacting
+    batch, every window's (read within the version check of the commit, so a retry sees the same)."""
+    if batch.batch % COMPACT_EVERY == 0:
+        return store.load_partials(name, batch.shard, None)
+    due = [(t.key, w) for t in snapshot.due_timers if (w := tag_window(t.tag)) is not None]
+    return store.load_partials(name, batch.shard, due) if due else {}
 
 
 def finish_batch(journal: Journal, name: str, batch: int, input_watermark: int, previous_output: int,

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import BadInputError, FencedWriterError, StaleBatchError, StoreError
-from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor
+from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
 from .batch import InputRecord, ShardBatch, shard_of
+from .monoid import Folder, fold_streams
 from .ports import IntervalClaim, IntervalStore
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
 from .watermark import input_low_watermark
@@ -50,6 +51,10 @@ class IntervalPlan:
     inputs: Mapping[str, KeyExtractor]
     producers: Mapping[str, tuple[str, ...]]
     dedup_streams: frozenset[str] = frozenset()
+
+    @property
+    def fold_streams(self) -> frozenset[str]:
+        return fold_streams(self.inputs, self.dedup_streams)
 
     @property
     def all_producers(self) -> list[str]:
@@ -163,7 +168,10 @@ class Worker:
     def _prepare(self, plan: IntervalPlan, positions: dict[str, int], intervals: list[OwnedInterval],
                  heads: dict[str, int], wall: int) -> list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]]:
         target = {p: max(heads.get(p, 0), positions.get(p, 0)) for p in plan.all_producers}
-        records, rejected = self._read(plan, positions, target, {i.shard for i in intervals})
+        code = self.code[plan.name]
+        folders = ({i.shard: Folder(code, plan.name, i.claim.input_watermark) for i in intervals}
+                   if isinstance(code, MonoidComputation) else {})  # a monoid's records are folded as they are read
+        records, rejected = self._read(plan, positions, target, {i.shard for i in intervals}, folders)
         watermark = min((input_low_watermark([self._watermark_at(p, target[p]) for p in producers],
                                              plan.options.percentile(stream))
                          for stream, producers in plan.producers.items()), default=END_OF_TIME)
@@ -173,15 +181,17 @@ class Worker:
             before = interval.claim.input_watermark
             after = max(before, watermark)
             mine = records.get(interval.shard, [])
+            folder = folders.get(interval.shard)
+            partials = folder.partials() if folder is not None else []
             bad = rejected if interval.shard == 0 else []
-            if not (mine or bad or interval.shard in due or after != before or target != interval.positions):
+            if not (partials or mine or bad or interval.shard in due or after != before or target != interval.positions):
                 continue
             batch = ShardBatch(plan.name, interval.shard, interval.version + 1, mine, before, after, wall,
                                interval.claim.sequencer, plan.dedup_streams, bad, positions=dict(target),
-                               journal_as=interval_producer(plan.name, interval.shard))
+                               journal_as=interval_producer(plan.name, interval.shard), partials=partials)
             try:
-                prepared = prepare_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs,
-                                               self.store, batch, self.dedup)
+                prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
+                                               self.dedup)
                 if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
                     raise StaleBatchError(f"Interval {interval.shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,
@@ -217,15 +227,18 @@ class Worker:
             self._watermarks[key] = mark
         return mark
 
-    def _read(self, plan: IntervalPlan, positions: dict[str, int], target: dict[str, int],
-              shards: set[int]) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
-        """New records of every subscription, keyed for ``plan``; only those of ``shards`` are kept."""
+    def _read(self, plan: IntervalPlan, positions: dict[str, int], target: dict[str, int], shards: set[int],
+              folders: dict[int, Folder]) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
+        """New records of every subscription, keyed for ``plan``; only those of ``shards`` are kept,
+        and of those, the ones a shard's folder takes (a monoid's) are folded instead."""
         by_shard: dict[int, list[InputRecord]] = {}
         rejected: list[InputRecord] = []
         n = plan.options.shards
         dead_letters = plan.options.on_error == "dead_letter"
+        fold = plan.fold_streams
         for stream, producers in plan.producers.items():
             extractor = plan.inputs[stream]
+            stream_folders = folders if stream in fold else {}
             for producer in producers:
                 after, upto = positions.get(producer, 0), target[producer]
                 if upto <= after:
@@ -246,6 +259,9 @@ class Worker:
                         continue
                     shard = shard_of(key, n)
                     if shard in shards:
+                        folder = stream_folders.get(shard)
+                        if folder is not None and folder.add(key, r.value, r.timestamp, r.id):
+                            continue
                         by_shard.setdefault(shard, []).append(InputRecord(stream, key, r.value, r.timestamp, r.id))
         return by_shard, rejected
 

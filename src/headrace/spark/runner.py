@@ -39,12 +39,14 @@ def _pickle_user_code_by_value(topology: Topology) -> None:
     """Ship user classes and extractors to Python workers by value, not by an import they may lack."""
     from pyspark import cloudpickle
 
-    modules = {spec.cls.__module__ for spec in topology.computations.values()}
+    # the modules of a class's bases too: a computation may build on a class of another module
+    modules = {c.__module__ for spec in topology.computations.values() for c in spec.cls.__mro__}
     modules |= {getattr(getattr(e, "_fn", None), "__module__", None) or "headrace"
                 for spec in topology.computations.values() for e in spec.inputs.values()}
     for name in modules:
         module = sys.modules.get(name)
-        if module is None or name.startswith("headrace") or "site-packages" in (getattr(module, "__file__", "") or ""):
+        path = getattr(module, "__file__", None) or ""
+        if module is None or name.startswith("headrace") or not path or "site-packages" in path:
             continue
         if name != "__main__":
             try:

@@ -18,6 +18,10 @@ CREATE TABLE IF NOT EXISTS positions(
   PRIMARY KEY(computation, shard, producer)){TABLE};
 CREATE TABLE IF NOT EXISTS state(
   computation TEXT, key TEXT, value {BLOB} NOT NULL, PRIMARY KEY(computation, key)){TABLE};
+CREATE TABLE IF NOT EXISTS partials(
+  computation TEXT, key TEXT, window_end {INT}, batch {INT}, shard {INT} NOT NULL, value {BLOB} NOT NULL,
+  PRIMARY KEY(computation, key, window_end, batch)){TABLE};
+CREATE INDEX IF NOT EXISTS partials_by_shard ON partials(computation, shard);
 CREATE TABLE IF NOT EXISTS timers(
   computation TEXT, key TEXT, tag TEXT, shard {INT} NOT NULL, domain TEXT NOT NULL, timestamp {INT} NOT NULL,
   PRIMARY KEY(computation, key, tag)){TABLE};

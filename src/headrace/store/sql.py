@@ -228,6 +228,23 @@ class SQLStore:
                     f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param)))
         return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1])
 
+    def load_partials(self, computation: str, shard: int,
+                      windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
+        """A monoid computation's delta rows of these (key, window) pairs (every pair of the shard: None)."""
+        if windows is None:
+            rows = self._all("SELECT key, window_end, value FROM partials WHERE computation = ? AND shard = ?",
+                             (computation, shard))
+        else:
+            condition, param = self._in_list("key", sorted({k for k, _ in windows}))
+            rows = self._all(f"SELECT key, window_end, value FROM partials WHERE computation = ? AND {condition}",
+                             (computation, param))
+        wanted = None if windows is None else set(windows)
+        out: dict[tuple[str, int], list[bytes]] = {}
+        for key, window, value in rows:
+            if wanted is None or (key, window) in wanted:
+                out.setdefault((key, int(window)), []).append(bytes(value))
+        return out
+
     def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]:
         condition, param = self._in_list("id", ids)
         return {r[0] for r in self._all(
@@ -301,6 +318,13 @@ class SQLStore:
                     [(c.computation, k, v) for k, v in c.state_writes if v is not None])
         self._xmany("DELETE FROM state WHERE computation = ? AND key = ?",
                     [(c.computation, k) for k, v in c.state_writes if v is None])
+        # monoid partials merge without reading: a delta row per (key, window) and batch; a
+        # batch written twice (possible only without exactly-once's version check) adds nothing
+        self._xmany("DELETE FROM partials WHERE computation = ? AND key = ? AND window_end = ? AND batch < ?",
+                    [(c.computation, k, w, c.batch) for k, w in c.partial_deletes])
+        self._xmany("INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(computation, key, window_end, batch) DO NOTHING",
+                    [(c.computation, k, w, c.batch, c.shard, v) for k, w, v in c.partial_writes])
         step("timers")
         self._xmany("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
                     [(c.computation, k, t) for k, t in c.timer_deletes])
