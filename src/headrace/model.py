@@ -200,6 +200,21 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "productions": ("strong", "weak"),
     "semantics": ("exactly_once", "at_least_once"),
     "on_error": ("fail", "dead_letter"),
+    "state_semantics": ("exactly_once", "at_least_once", "at_most_once"),
+    "output_semantics": ("exactly_once", "at_least_once", "at_most_once"),
+}
+
+# The Facebook paper's Figure 8: the (state, output) semantics that can be had together, and why
+# the others cannot.
+SEMANTICS = {
+    ("exactly_once", "exactly_once"), ("exactly_once", "at_least_once"), ("exactly_once", "at_most_once"),
+    ("at_least_once", "at_least_once"), ("at_most_once", "at_most_once"),
+}
+_IMPOSSIBLE = {
+    "at_least_once": "at-least-once state re-runs user code on a retry, so the output of the retried input "
+                     "goes out again: its output can only be at_least_once",
+    "at_most_once": "at-most-once state saves the input offset before the state, so a crash loses the input's "
+                    "output along with its effect on the state: its output can only be at_most_once",
 }
 
 
@@ -210,7 +225,16 @@ class ComputationOptions:
     - ``codec``: state codec, ``"pickle"`` (default), ``"json"``, ``"msgpack"``, ``"bytes"``.
     - ``late``: records behind the low watermark are ``"drop"``-ped (counted) or ``"deliver"``-ed (counted).
     - ``productions``: ``"strong"`` (checkpointed with the state) or ``"weak"`` (written first, faster, may repeat).
-    - ``semantics``: ``"exactly_once"`` or ``"at_least_once"`` (no dedup ids, a retry re-runs user code).
+    - ``state_semantics`` and ``output_semantics``: each ``"exactly_once"`` (default),
+      ``"at_least_once"`` or ``"at_most_once"``, in the combinations of the Facebook paper's Figure 8
+      (``SEMANTICS``). State: does an input count at least, at most or exactly once in the state?
+      Output: may a production go out twice, be lost, or neither? At-least-once state commits the
+      state, then the offset (a retry re-runs user code); at-most-once state commits the offset
+      first (a crash loses the batch). At-least-once output sends productions before the state
+      commit (``productions="weak"``); at-most-once output sends them after it.
+    - ``semantics``: ``"exactly_once"`` or ``"at_least_once"``, the older name of ``state_semantics``
+      (at-least-once state brings at-least-once output). ``productions``: ``"strong"`` or ``"weak"``,
+      the older name of ``output_semantics`` exactly-once or at-least-once.
     - ``dedup``: discard records whose id was already seen (default on with exactly-once).
     - ``dedup_slack_ms``: how far behind the low watermark seen ids are kept before garbage collection.
     - ``shards``: number of key shards (MillWheel's key intervals).
@@ -230,6 +254,8 @@ class ComputationOptions:
     shards: int = 4
     on_error: str = "fail"
     watermark_percentile: Mapping[str, float] = field(default_factory=dict)
+    state_semantics: str = "exactly_once"
+    output_semantics: str = "exactly_once"
 
     def percentile(self, stream: str) -> float:
         return float(self.watermark_percentile.get(stream, 100.0))
@@ -271,13 +297,48 @@ class ComputationOptions:
                               "percentile in (0, 100]", got=percentiles, hint="e.g. watermark_percentile={'clicks': 99}")
         if "dedup" in values and not isinstance(values["dedup"], bool):
             raise OptionError(f"Computation {owner!r} option 'dedup' must be True or False", got=values["dedup"])
-        if values.get("semantics") == "at_least_once" and "dedup" not in values:
-            values["dedup"] = False
+        _resolve_semantics(owner, values)
+        if values["state_semantics"] != "exactly_once" and "dedup" not in values:
+            values["dedup"] = False  # at-least-once lets repeats in; at-most-once never reads an input twice
         return cls(**values)
 
     @property
     def exactly_once(self) -> bool:
-        return self.semantics == "exactly_once"
+        """Exactly-once state: each input counts once (dedup ids and the version check)."""
+        return self.state_semantics == "exactly_once"
+
+    @property
+    def conditional_commits(self) -> bool:
+        """A shard's commit is conditional on its version: a batch commits once (exactly-once
+        state) or its offset is saved first and its state at most once (at-most-once state)."""
+        return self.state_semantics != "at_least_once"
+
+
+def _resolve_semantics(owner: str, values: dict[str, Any]) -> None:
+    """Fill ``state_semantics``/``output_semantics`` and the older ``semantics``/``productions``
+    from whichever were given, refusing a contradiction or a combination Figure 8 rules out."""
+    implied_state = {"exactly_once": "exactly_once", "at_least_once": "at_least_once"}.get(values.get("semantics", ""))
+    state = values.get("state_semantics", implied_state or "exactly_once")
+    if implied_state is not None and implied_state != state:
+        raise OptionError(f"Computation {owner!r} got semantics={values['semantics']!r} and "
+                          f"state_semantics={state!r}", got=values["semantics"],
+                          hint="give state_semantics alone (semantics is its older name)")
+    implied_output = {"strong": "exactly_once", "weak": "at_least_once"}.get(values.get("productions", ""))
+    if state == "at_least_once" and implied_output == "exactly_once" and "output_semantics" not in values:
+        implied_output = None  # strong productions under at-least-once state: a retry still repeats them
+    default_output = {"exactly_once": "exactly_once"}.get(state, state)
+    output = values.get("output_semantics", implied_output or default_output)
+    if implied_output is not None and implied_output != output:
+        raise OptionError(f"Computation {owner!r} got productions={values['productions']!r} and "
+                          f"output_semantics={output!r}", got=values["productions"],
+                          hint="give output_semantics alone (productions is its older name)")
+    if (state, output) not in SEMANTICS:
+        raise OptionError(f"Computation {owner!r} cannot have {state} state with {output} output: {_IMPOSSIBLE[state]}",
+                          got=(state, output), hint=f"state_semantics={state!r}, output_semantics={state!r}, or "
+                                                    "exactly_once state with any output semantics")
+    values["state_semantics"], values["output_semantics"] = state, output
+    values["semantics"] = state
+    values["productions"] = {"exactly_once": "strong", "at_least_once": "weak", "at_most_once": "after_state"}[output]
 
 
 def check_domain(domain: str) -> str:

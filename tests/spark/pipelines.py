@@ -72,13 +72,15 @@ def searches(n: int, seed: int = 3, spread_ms: int = 40_000, disorder_ms: int = 
 
 
 def three_stage(events: list[dict[str, Any]], batch_size: int = 400, name: str = "three_stage",
-                rate: float | None = None) -> Topology:
+                rate: float | None = None, **options: Any) -> Topology:
+    """Three stages, each added with ``options`` too."""
     t = Topology(name)
     t.inject("searches", injectors.records(events, timestamp="ts", batch_size=batch_size, rate=rate))
-    t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=3)
-    t.add(BucketTotals, inputs={"window_counts": key_by(lambda v: str(v["bucket"]))}, outputs=["bucket_totals"], shards=2)
+    t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=3, **options)
+    t.add(BucketTotals, inputs={"window_counts": key_by(lambda v: str(v["bucket"]))}, outputs=["bucket_totals"], shards=2,
+          **options)
     t.add(BusiestBucketPerTenSeconds, inputs={"bucket_totals": key_by(lambda v: str(v["bucket"] - v["bucket"] % 10_000))},
-          outputs=["busiest"], shards=2)
+          outputs=["busiest"], shards=2, **options)
     return t
 
 

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from headrace import read, run, watermarks
 from headrace.model import END_OF_TIME
 from headrace.store import open_store
@@ -28,6 +30,20 @@ def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: A
     assert len(read("window_counts", store_url)) == len(expected["window_counts"])  # each window emitted once
     assert result.stats["WindowCounter"].counters.get("late_dropped", 0) == 0
     assert all(info.output_watermark == END_OF_TIME for info in watermarks(store_url).values())
+
+
+@pytest.mark.parametrize("state, output", [("exactly_once", "at_most_once"), ("at_most_once", "at_most_once")])
+def test_at_most_once_semantics_lose_nothing_when_nothing_fails(spark: Any, store_url: str, mode: str, state: str,
+                                                               output: str) -> None:
+    # (tests/unit/store/test_semantics_under_kills.py shows what each semantics does under kills)
+    events = searches(1_500, seed=5)
+    run(three_stage(events, name="at_most_once", state_semantics=state, output_semantics=output), store=store_url,
+        spark=spark, progress=None, timeout_s=300, mode=mode)
+    expected = oracle(events)
+    assert {(r.value["query"], r.value["bucket"]): r.value["count"] for r in read("window_counts", store_url)} \
+        == expected["window_counts"]
+    assert {r.value["span"]: {"bucket": r.value["bucket"], "searches": r.value["searches"]}
+            for r in read("busiest", store_url)} == expected["busiest"]
 
 
 def test_every_stage_watermark_is_monotonic_and_lags_its_producer_by_at_most_one_batch(spark: Any, store_url: str) -> None:

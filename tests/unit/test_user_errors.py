@@ -81,8 +81,8 @@ def test_a_cycle() -> None:
 def test_an_unknown_option_and_a_bad_choice() -> None:
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' got unknown option 'lateness' (got 'drop'). Hint: valid options are "
-            "['codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'productions', 'semantics', 'shards', "
-            "'watermark_percentile']")):
+            "['codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'output_semantics', 'productions', 'semantics', "
+            "'shards', 'state_semantics', 'watermark_percentile']")):
         topology().add(Echo, inputs={"words": key_by("w")}, lateness="drop")
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' option 'late' must be one of ['drop', 'deliver'] (got 'keep'). "
@@ -92,6 +92,43 @@ def test_an_unknown_option_and_a_bad_choice() -> None:
             "Unknown state codec (got 'yaml'). Hint: use one of ['bytes', 'json', 'msgpack', 'pickle'] "
             "or a headrace.codecs.Codec(name, encode, decode)")):
         codec_named("yaml")
+
+
+def test_a_combination_of_semantics_the_paper_rules_out_is_refused_with_the_reason() -> None:
+    with pytest.raises(OptionError, match=exact(
+            "Computation 'Echo' cannot have at_most_once state with exactly_once output: at-most-once state saves "
+            "the input offset before the state, so a crash loses the input's output along with its effect on the "
+            "state: its output can only be at_most_once (got ('at_most_once', 'exactly_once')). Hint: "
+            "state_semantics='at_most_once', output_semantics='at_most_once', or exactly_once state with any output "
+            "semantics")):
+        topology().add(Echo, inputs={"words": key_by("w")}, state_semantics="at_most_once",
+                       output_semantics="exactly_once")
+    with pytest.raises(OptionError, match=exact(
+            "Computation 'Echo' cannot have at_least_once state with at_most_once output: at-least-once state re-runs "
+            "user code on a retry, so the output of the retried input goes out again: its output can only be "
+            "at_least_once (got ('at_least_once', 'at_most_once')). Hint: state_semantics='at_least_once', "
+            "output_semantics='at_least_once', or exactly_once state with any output semantics")):
+        topology().add(Echo, inputs={"words": key_by("w")}, state_semantics="at_least_once",
+                       output_semantics="at_most_once")
+    with pytest.raises(OptionError, match=exact(
+            "Computation 'Echo' got productions='weak' and output_semantics='at_most_once' (got 'weak'). "
+            "Hint: give output_semantics alone (productions is its older name)")):
+        topology().add(Echo, inputs={"words": key_by("w")}, productions="weak", output_semantics="at_most_once")
+
+
+@pytest.mark.parametrize("given, state, output", [
+    ({}, "exactly_once", "exactly_once"),
+    ({"productions": "weak"}, "exactly_once", "at_least_once"),
+    ({"semantics": "at_least_once"}, "at_least_once", "at_least_once"),
+    ({"semantics": "at_least_once", "productions": "weak"}, "at_least_once", "at_least_once"),
+    ({"state_semantics": "at_most_once"}, "at_most_once", "at_most_once"),
+    ({"output_semantics": "at_most_once"}, "exactly_once", "at_most_once"),
+])
+def test_the_older_semantics_options_map_onto_state_and_output_semantics(given: dict, state: str,
+                                                                         output: str) -> None:
+    options = topology().add(Echo, inputs={"words": key_by("w")}, **given).options
+    assert (options.state_semantics, options.output_semantics) == (state, output)
+    assert options.dedup is (state == "exactly_once")
 
 
 def test_a_key_that_is_not_a_str() -> None:

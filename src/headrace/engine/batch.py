@@ -119,7 +119,8 @@ class ShardCommit:
     output_watermark: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     strong_productions: bool = True
-    exactly_once: bool = True
+    exactly_once: bool = True  # conditional on the shard's version (exactly-once or at-most-once state)
+    productions_after_state: bool = False  # at-most-once output: written once the state commit is made
     positions: dict[str, int] | None = None
     journal_as: str | None = None
     # monoid computations: (key, window, encoded partial) rows added under this batch, and the

@@ -228,6 +228,7 @@ def process_monoid_shard(
         sequencer=batch.sequencer, timer_sets=ctx.timer_sets, timer_deletes=ctx.timer_deletes,
         seen_ids=seen_ids, forget_ids_before=forget_before(w_after, options), productions=ctx._productions,
         input_watermark=w_after, output_watermark=output_low_watermark(snapshot.output_watermark, w_after),
-        counters={k: v for k, v in counters.items() if v}, strong_productions=options.productions == "strong",
-        exactly_once=options.exactly_once, positions=batch.positions, journal_as=batch.journal_as,
+        counters={k: v for k, v in counters.items() if v}, strong_productions=options.output_semantics != "at_least_once",
+        exactly_once=options.conditional_commits, productions_after_state=options.output_semantics == "at_most_once",
+        positions=batch.positions, journal_as=batch.journal_as,
         partial_writes=writes, partial_deletes=deletes)

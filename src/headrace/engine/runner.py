@@ -10,6 +10,7 @@ running user code again (docs/architecture.md §2.1 and §2.3).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..errors import StoreError
@@ -83,7 +84,7 @@ def prepare_shard_batch(
     monoid = isinstance(computation, MonoidComputation)
     keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
     snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
-    txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.exactly_once)
+    txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.conditional_commits)
     if txn.already_committed:
         productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
         return ShardResult(productions, txn.state)
@@ -91,6 +92,9 @@ def prepare_shard_batch(
     if (not batch.records and not batch.partials and not batch.rejected and not snapshot.due_timers
             and batch.journal_as is None):
         return ShardResult([], txn.state)  # nothing to do: no write (an interval's batch always journals)
+    if options.state_semantics == "at_most_once":
+        snapshot = _save_offset_first(store, name, batch, snapshot)
+        txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, exactly_once=False)
 
     is_duplicate = None
     index = None
@@ -134,6 +138,17 @@ def commit_together(store: IntervalStore, prepared: list[PreparedBatch]) -> list
     the error (fenced, stale) that refused it alone."""
     failures = ShardTransaction.commit_together(store, [p.txn for p in prepared])
     return [p.completed() if failure is None else failure for p, failure in zip(prepared, failures)]
+
+
+def _save_offset_first(store: ShardStore, name: str, batch: ShardBatch, snapshot: ShardSnapshot) -> ShardSnapshot:
+    """At-most-once state: the batch's input is marked consumed (the shard's version, an interval's
+    positions) before user code runs. A crash from here on loses the batch: its retry finds it
+    committed and re-delivers what was written of it. The state commit that follows is
+    conditional on that version, so it is made at most once."""
+    store.commit_shard(ShardCommit(name, batch.shard, batch.batch, snapshot.version, batch.sequencer,
+                                   input_watermark=batch.watermark_before,
+                                   output_watermark=snapshot.output_watermark, positions=batch.positions))
+    return dataclasses.replace(snapshot, version=batch.batch)
 
 
 def _stored_partials(store: ShardStore, name: str, batch: ShardBatch,

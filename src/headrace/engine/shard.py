@@ -287,8 +287,9 @@ def process_shard(
         input_watermark=w_after,
         output_watermark=output_low_watermark(snapshot.output_watermark, w_after),
         counters={k: v for k, v in counters.items() if v},
-        strong_productions=options.productions == "strong",
-        exactly_once=options.exactly_once,
+        strong_productions=options.output_semantics != "at_least_once",
+        exactly_once=options.conditional_commits,
+        productions_after_state=options.output_semantics == "at_most_once",
         positions=batch.positions,
         journal_as=batch.journal_as,
     )

@@ -29,6 +29,8 @@ COMMIT_STEPS = (
     "version",
     "before_commit",
     "after_commit",
+    "output",  # only with at-most-once output: productions in a transaction of their own, after the state's
+    "after_output",
 )
 CommitStep = str
 Failpoint = Callable[[CommitStep], None]

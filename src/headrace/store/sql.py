@@ -285,6 +285,21 @@ class SQLStore:
             self._write_commit(c)
             step("before_commit")
         step("after_commit")
+        self._write_output_after_state([c])
+
+    def _write_output_after_state(self, commits: list[ShardCommit]) -> None:
+        """At-most-once output: productions (and an interval's journal row, which makes them
+        visible) go out once the state is committed; a crash in between loses them, and a retry
+        finds the batch committed and re-delivers what was written, nothing."""
+        after = [c for c in commits if c.productions_after_state]
+        if not after:
+            return
+        self._step("output")
+        with self._transaction():
+            for c in after:
+                self._write_productions(c)
+                self._journal_interval(c)
+        self._step("after_output")
 
     def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
         """Several key intervals' outcomes in one transaction (a continuous worker's pass: one
@@ -307,6 +322,7 @@ class SQLStore:
                 self._x("RELEASE SAVEPOINT interval_commit")
             self._step("before_commit")
         self._step("after_commit")
+        self._write_output_after_state([c for c, failure in zip(commits, failures) if failure is None])
         return failures
 
     def _write_commit(self, c: ShardCommit) -> None:
@@ -339,7 +355,7 @@ class SQLStore:
             self._x("DELETE FROM seen_ids WHERE computation = ? AND shard = ? AND timestamp < ?",
                     (c.computation, c.shard, c.forget_ids_before))
         step("productions")
-        if c.strong_productions or c.journal_as is not None:
+        if (c.strong_productions or c.journal_as is not None) and not c.productions_after_state:
             self._write_productions(c)
         step("counters")  # sorted: shards that commit at once take the counter rows' locks in one order
         self._xmany("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(computation, name) "
@@ -351,6 +367,10 @@ class SQLStore:
                         [(c.computation, c.shard, p, b) for p, b in sorted(c.positions.items())])
         step("version")
         self._advance_version(c)
+        if not c.productions_after_state:
+            self._journal_interval(c)
+
+    def _journal_interval(self, c: ShardCommit) -> None:
         if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
             self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
                     (c.journal_as, c.batch, c.input_watermark, c.output_watermark, _now()))
