@@ -1,9 +1,11 @@
-"""The pipeline the chaos suite kills: an injector and five computations, one of them
-non-deterministic (random numbers and the wall clock), two of them monoids (their records folded
-before the shard, their state merged as delta rows, docs/architecture.md §3.13).
+"""The pipeline the chaos suite kills: an injector and three computations, one of them
+non-deterministic (random numbers and the wall clock); with ``monoids``, two more: monoid
+computations (their records folded before the shard, their state merged as delta rows,
+docs/architecture.md §3.13).
 
 As a script it is one driver life:
-``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS N [MODE]`` (MODE: microbatch or continuous).
+``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS N [MODE [monoids]]`` (MODE: microbatch or
+continuous).
 """
 
 from __future__ import annotations
@@ -82,14 +84,15 @@ class UserSums(UserCount):
         ctx.produce("user_sums", {"user": ctx.key, "bucket": timer.timestamp - 100, "sum": aggregate})
 
 
-def build(n: int, productions: str = "strong", rate: float = 400) -> Topology:
+def build(n: int, productions: str = "strong", rate: float = 400, monoids: bool = False) -> Topology:
     t = Topology("chaos")
     t.inject("events", injectors.records(events(n), timestamp="ts", batch_size=40, rate=rate))
     t.add(Tagger, inputs={"events": key_by("user")}, outputs=["tagged"], productions=productions, shards=3)
     t.add(Collector, inputs={"tagged": key_by(lambda v: f"{v['user']}/{v['n'] % 2}")}, outputs=["collected"], shards=2)
     t.add(Windows, inputs={"tagged": key_by(lambda v: str(v["ts"] - v["ts"] % 100))}, outputs=["windows"], shards=2)
-    t.add(UserCount, inputs={"tagged": key_by("user")}, outputs=["user_counts"], shards=2)
-    t.add(UserSums, inputs={"tagged": key_by("user")}, outputs=["user_sums"], shards=2)
+    if monoids:
+        t.add(UserCount, inputs={"tagged": key_by("user")}, outputs=["user_counts"], shards=2)
+        t.add(UserSums, inputs={"tagged": key_by("user")}, outputs=["user_sums"], shards=2)
     return t
 
 
@@ -98,9 +101,11 @@ if __name__ == "__main__":
 
     store, checkpoints, productions, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     mode = sys.argv[5] if len(sys.argv) > 5 else "microbatch"
+    monoids = sys.argv[6:] == ["monoids"]
     if mode == "continuous":  # local[2,100]: Spark retries a killed worker's task, as on a cluster
-        run(build(n, productions), store=store, master="local[2,100]", progress=None, mode=mode)
+        run(build(n, productions, monoids=monoids), store=store, master="local[2,100]", progress=None, mode=mode)
     else:
-        run(build(n, productions), store=store, master="local[2,100]", checkpoint_dir=checkpoints, progress=None,
+        run(build(n, productions, monoids=monoids), store=store, master="local[2,100]", checkpoint_dir=checkpoints,
+            progress=None,
             trigger_ms=100, mode="microbatch")
     print("drained", flush=True)

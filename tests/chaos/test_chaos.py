@@ -89,8 +89,9 @@ def continuous_workers(store_url: str, driver: int) -> list[int]:
 
 
 class Monkey:
-    def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int, mode: str = "microbatch"):
-        self.mode = mode
+    def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int, mode: str = "microbatch",
+                 monoids: bool = False):
+        self.mode, self.monoids = mode, monoids
         self.store = store
         self.checkpoints = str(tmp / "checkpoints")
         self.marks = tmp / "marks"
@@ -105,7 +106,7 @@ class Monkey:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
                "HEADRACE_FAILPOINTS": f"before_commit=sleep:150:{self.marks}"}
         self.driver = subprocess.Popen([sys.executable, str(SCRIPT), self.store, self.checkpoints, self.productions,
-                                        str(self.n), self.mode], env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                        str(self.n), self.mode, *(["monoids"] if self.monoids else [])], env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                        start_new_session=True)
         return self.driver
 
@@ -118,7 +119,7 @@ class Monkey:
         finally:
             store.close()
         return all(name in heads and heads[name].input_watermark == END_OF_TIME
-                   for name in ("Tagger", "Collector", "Windows", "UserCount", "UserSums"))
+                   for name in ("Tagger", "Collector", "Windows", *(("UserCount", "UserSums") if self.monoids else ())))
 
     def kill_driver(self) -> None:
         assert self.driver is not None
@@ -193,7 +194,8 @@ class Monkey:
             folds["user_counts"][r.value["user"]] += 1
             folds["user_sums"][(r.value["user"], bucket(r.value["ts"]))] += r.value["n"]
         monoids = []
-        for stream, key, value in (("user_counts", ("user",), "count"), ("user_sums", ("user", "bucket"), "sum")):
+        for stream, key, value in (("user_counts", ("user",), "count"), ("user_sums", ("user", "bucket"), "sum"))[
+                :2 if self.monoids else 0]:
             emitted: dict[Any, list[int]] = defaultdict(list)
             for r in read(stream, self.store):
                 emitted[tuple(r.value[k] for k in key) if len(key) > 1 else r.value[key[0]]].append(r.value[value])
@@ -225,8 +227,9 @@ class Monkey:
 
 
 def chaos(tmp_path: Path, store: str, kills: int, n: int, productions: str = "strong", seed: int = 7,
-          kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit"), mode: str = "microbatch") -> Monkey:
-    monkey = Monkey(tmp_path, store, productions, n, seed, mode)
+          kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit"), mode: str = "microbatch",
+          monoids: bool = False) -> Monkey:
+    monkey = Monkey(tmp_path, store, productions, n, seed, mode, monoids)
     try:
         monkey.run(kills, timeout_s=60 * 25, kinds=kinds)
     finally:
@@ -273,3 +276,18 @@ def test_chaos_catches_weak_productions_in_non_deterministic_code(tmp_path: Path
     ts = {e["n"]: e["ts"] for e in events(monkey.n)}
     extra = Counter(bucket(ts[n]) for n, tags in found.doubled.items() for _ in tags[1:])
     assert found == Divergence(doubled=found.doubled, windows=dict(extra))
+
+
+@pytest.mark.slow
+def test_chaos_monoids_equal_the_plain_fold_of_what_they_read(tmp_path: Path, store_url: str) -> None:
+    """The pipeline plus a monoid keyed count and a monoid windowed sum, in continuous mode, under
+    kills of all three kinds: every monoid output equals the plain fold of "tagged", once each, and
+    the rest of the pipeline still equals its oracle. Continuous mode only: in micro-batch mode a
+    driver killed while a query writes its first offset leaves a checkpoint Spark refuses to resume
+    from (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), which five queries made likely enough to
+    stop this run (reported, not fixed here)."""
+    monkey = chaos(tmp_path, store_url, kills=6, n=10_000, mode="continuous", monoids=True)
+    assert sum(monkey.kills.values()) == 6 and set(monkey.kills) == set(KINDS), monkey.kills
+    found = monkey.divergence()
+    assert found == Divergence()
+    assert len(read("user_counts", store_url)) == len(USERS)  # the check above saw every user

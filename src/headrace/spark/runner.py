@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ def _pickle_user_code_by_value(topology: Topology) -> None:
     for name in modules:
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None) or ""
-        if module is None or name.startswith("headrace") or not path or "site-packages" in path:
+        if (module is None or name.startswith("headrace") or not path or "site-packages" in path
+                or path.startswith(sysconfig.get_paths()["stdlib"])):  # bases such as abc.ABC stay imported
             continue
         if name != "__main__":
             try:
