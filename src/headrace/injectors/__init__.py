@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, to_millis
 
-__all__ = ["records", "generator", "files", "several", "InjectedBatch", "Injector", "Several"]
+__all__ = ["records", "generator", "files", "several", "backfill", "InjectedBatch", "Injector", "Several", "Backfill"]
 
 
 @dataclass
@@ -213,3 +213,6 @@ class Several:
 
 def several(*parts: Injector) -> Several:
     return Several(parts)
+
+
+from .backfill import Backfill, backfill  # noqa: E402  (it builds on the injectors above)

@@ -220,8 +220,8 @@ class SparkRunner:
 
         ``start``: ``"beginning"`` of its input streams, ``"now"``, or a time (ms since the epoch) to
         replay the batches its producers completed from then on. It applies to a new computation;
-        a known one resumes from its Spark checkpoint. It returns once the query has run its first
-        trigger, which is when it takes its starting point.
+        a known one resumes from its Spark checkpoint. From ``"now"``, it returns once the query has
+        run its first trigger, which is when it takes its starting point.
         """
         if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
             raise OptionError("A computation starts from 'beginning', 'now' or a time in ms since the epoch",
@@ -231,7 +231,7 @@ class SparkRunner:
                                  self.trigger_ms, str(start))
         query.start()
         self.queries[name] = query
-        while query.query is not None and query.query.isActive and query.query.lastProgress is None:
+        while start == "now" and query.query is not None and query.query.isActive and query.query.lastProgress is None:
             query.check()
             time.sleep(0.02)
         query.check()
