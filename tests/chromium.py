@@ -27,7 +27,7 @@ class Chromium:
     ``wait_for(js)``, ``screenshot(path)``, ``stop()``. ``errors`` gathers the page's uncaught
     exceptions and console errors."""
 
-    def __init__(self, binary: str, width: int = 1400, height: int = 1500):
+    def __init__(self, binary: str, width: int = 1400, height: int = 1150):
         self.binary, self.width, self.height = binary, width, height
         self.errors: list[str] = []
         self._dir = tempfile.mkdtemp(prefix="headrace-chromium-")

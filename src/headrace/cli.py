@@ -1,4 +1,4 @@
-"""``headrace run module:topology``, ``headrace watermarks``, ``headrace read STREAM``."""
+"""``headrace run module:topology``, ``headrace dashboard``, ``headrace watermarks``, ``headrace read STREAM``."""
 
 from __future__ import annotations
 
@@ -51,6 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p_run.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                        help="microbatch: a Spark query per computation; continuous: long-lived workers that own key intervals")
+    p_run.add_argument("--dashboard-port", type=int, default=0, help="serve the dashboard there (0: a free port)")
+    p_run.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
+    p_dash = sub.add_parser("dashboard", help="serve the web dashboard of a store (topology, watermarks, lag, keys)")
+    p_dash.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_dash.add_argument("--port", type=int, default=8050, help="0: any free port")
+    p_dash.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves every interface")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
@@ -64,9 +70,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
-                         mode=args.mode)
+                         mode=args.mode, dashboard_port=None if args.no_dashboard else args.dashboard_port,
+                         progress=sys.stderr)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
+        elif args.command == "dashboard":
+            from .dashboard import Dashboard
+
+            board = Dashboard(args.store, host=args.host, port=args.port)
+            print(f"headrace: dashboard of {args.store} at {board.url} (Ctrl-C stops it)", flush=True)
+            try:
+                board.serve_forever()
+            except KeyboardInterrupt:
+                return 0
         elif args.command == "watermarks":
             marks = watermarks(args.store)
             if args.json:
