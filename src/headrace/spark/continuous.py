@@ -23,6 +23,9 @@ from typing import Any, Iterator, TextIO
 from ..engine.worker import IntervalPlan, Worker, interval_producer
 from ..errors import OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from ..monitor.events import blamed, record_error
+from ..monitor.graph import record_topology
+from ..monitor.watch import Watcher
 from ..store import open_store
 from ..topology import Topology
 from .inject import DataFrameInjector
@@ -108,6 +111,7 @@ class ContinuousRunner:
         self.resubmissions = 0
         self.removed: set[str] = set()
         self._stopping = threading.Event()
+        self.watcher: Watcher | None = None
         self._job: threading.Thread | None = None
         self._marks: dict[str, tuple[int, int]] = {}
         self._started = 0.0
@@ -125,6 +129,8 @@ class ContinuousRunner:
         for stream in sorted(self.topology.streams()):
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
+        self._record_topology()
+        self.watcher = Watcher(self.url).start()
         self.injectors = start_injectors(self.topology, self.url, checkpoint_root(self.store, self.topology.name, None),
                                          200, self.errors.append)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
@@ -167,7 +173,12 @@ class ContinuousRunner:
                 p: self.store.batch_before(p, int(start)) for p in producers}
             for shard in range(spec.options.shards):
                 self.store.start_interval_at(name, shard, heads)
+        self._record_topology()
         self._restart_job()
+
+    def _record_topology(self) -> None:
+        bus = {s: continuous_producers(self.topology, s) for s in self.topology.streams()}
+        record_topology(self.store, self.topology, "continuous", bus)
 
     def remove(self, name: str) -> None:
         """Stop computation ``name``; the others go on (their workers restart, from their commits)."""
@@ -235,6 +246,8 @@ class ContinuousRunner:
         self._stopping.set()
         for injector in self.injectors.values():
             injector.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
         try:
             self.store.put_meta(f"stop:{self.run_id}", "1")
         finally:
@@ -274,7 +287,11 @@ class ContinuousRunner:
                         for n in self.topology.computations if n not in self.removed))
 
     def check(self) -> None:
-        check_injectors(self.errors, self.injectors)
+        try:
+            check_injectors(self.errors, self.injectors)
+        except Exception as exc:
+            record_error(self.store, blamed(self.topology, exc), exc)
+            raise
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         deadline = None if timeout_s is None else time.time() + timeout_s

@@ -1,0 +1,144 @@
+"""Watching a running pipeline from its store (docs/monitoring.md): ``headrace status --json`` as a
+real CLI process, ``headrace state``/``timers`` against the harness. One continuous-mode run of the
+three-stage pipeline (plus a keyed tally and a stage that can be slowed on purpose) serves every
+test of this module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from headrace import Computation, injectors, key_by
+from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
+from headrace.spark.continuous import ContinuousRunner
+from headrace.store import open_store
+from headrace.testing import Harness
+
+from .pipelines import searches, three_stage
+
+THREE_STAGES = ("WindowCounter", "BucketTotals", "BusiestBucketPerTenSeconds")
+
+
+class QueryTally(Computation):
+    """Per query: how many searches and the first and last timestamp; two far-away wall timers."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        tally = ctx.state or {"n": 0, "first": record.timestamp, "last": record.timestamp}
+        tally = {"n": tally["n"] + 1, "first": min(tally["first"], record.timestamp),
+                 "last": max(tally["last"], record.timestamp)}
+        ctx.state = tally
+        ctx.set_timer("expire", tally["last"] + 10**12, domain="wall")
+        ctx.set_timer("anniversary", tally["first"] + 2 * 10**12, domain="wall")
+
+
+class Slow(Computation):
+    """Sleeps a quarter second per record while the file its records name exists."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        if os.path.exists(record.value["flag"]):
+            time.sleep(0.25)
+        ctx.state = record.value["i"]
+
+
+@dataclass
+class Run:
+    url: str
+    runner: ContinuousRunner
+    events: list[dict[str, Any]]
+    flag: Path
+    seen: list[dict[str, Any]] = field(default_factory=list)  # status reports taken by test_status_*
+
+
+@pytest.fixture(scope="module")
+def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    folder = tmp_path_factory.mktemp("monitor")
+    url = f"sqlite:///{folder}/store.db"
+    flag = folder / "slow"
+    events = searches(1500, seed=5)
+    topology = three_stage(events, batch_size=50, rate=500, name="watched")
+    topology.add(QueryTally, inputs={"searches": key_by("query")}, codec="json", shards=2)
+    topology.inject("ticks", injectors.generator(lambda i: {"i": i, "flag": str(flag)}, rate=20, batch_size=2))
+    topology.add(Slow, inputs={"ticks": key_by(lambda v: "all")}, shards=1, alert_lag_ms=3_000)
+    # a long lease: the slowed worker blocks in user code for seconds and must keep its intervals
+    runner = ContinuousRunner(topology, url, spark=spark, lease_ms=30_000).start()
+    try:
+        yield Run(url, runner, events, flag)
+    finally:
+        runner.stop()
+
+
+def cli(*args: str) -> str:
+    """Run ``headrace ARGS`` as a process of its own, as an operator on another machine would."""
+    done = subprocess.run([sys.executable, "-m", "headrace.cli", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def poll(run: Run, condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        run.runner.check()
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s} s for {what}")
+        time.sleep(0.1)
+
+
+def journaled(url: str, producer: str) -> list[tuple[int, int]]:
+    store = open_store(url)
+    try:
+        return [(b.input_watermark, b.output_watermark) for b in store.batches(producer)]
+    finally:
+        store.close()
+
+
+def test_status_json_watermarks_match_the_journal_and_the_backlog_drains_to_zero(run: Run) -> None:
+    def drained() -> bool:
+        report = json.loads(cli("status", "--json", "--store", run.url))
+        run.seen.append(report)
+        stages = report["stages"]
+        for name in (*THREE_STAGES, "inject:searches"):  # what status says is a row of the journal
+            rows = journaled(run.url, name)
+            mark = (stages[name]["input_watermark"], stages[name]["output_watermark"])
+            assert mark in rows or (not rows and mark == (BEGINNING_OF_TIME, BEGINNING_OF_TIME)), (name, mark)
+        return all(stages[n]["output_watermark"] == END_OF_TIME and stages[n]["backlog_records"] == 0
+                   for n in THREE_STAGES)
+    poll(run, drained, "the three stages to drain, seen through `headrace status --json`")
+
+    last = run.seen[-1]
+    assert last["topologies"][0]["name"] == "watched" and last["topologies"][0]["mode"] == "continuous"
+    for name in THREE_STAGES:
+        stage = last["stages"][name]
+        assert (stage["input_watermark"], stage["output_watermark"]) == journaled(run.url, name)[-1]
+        assert stage["backlog_batches"] == 0 and stage["producer_lag_ms"] == 0 and stage["watermark_lag_ms"] == 0
+        assert stage["kind"] == "computation" and stage["last_error"] is None
+        assert len(stage["owners"]) == stage["shards"] and all(o["live"] for o in stage["owners"])
+    assert last["stages"]["WindowCounter"]["records"] == len(run.events)
+    assert last["stages"]["WindowCounter"]["upstream"] == ["inject:searches"]
+    assert last["stages"]["BucketTotals"]["inputs"] == ["window_counts"]
+    assert last["stages"]["inject:searches"]["records"] == len(run.events)
+    # the injector ran for three seconds while the workers were starting: its records waited
+    assert max(r["stages"]["WindowCounter"]["backlog_records"] for r in run.seen) > 0
+
+
+def test_state_and_timers_of_a_key_match_the_harness_after_the_same_input(run: Run) -> None:
+    poll(run, lambda: json.loads(cli("status", "--json", "--store", run.url))["stages"]["QueryTally"][
+        "output_watermark"] == END_OF_TIME, "QueryTally to drain")
+    for key in ("q0", "q7"):
+        harness = Harness(QueryTally, codec="json")
+        for e in run.events:
+            if e["query"] == key:
+                harness.process(key, e, e["ts"])
+        assert json.loads(cli("state", "QueryTally", key, "--store", run.url)) == harness.state(key)
+        shown = [json.loads(line) for line in cli("timers", "QueryTally", key, "--store", run.url).splitlines()]
+        assert shown == [t._asdict() for t in harness.timers(key)] and len(shown) == 2
