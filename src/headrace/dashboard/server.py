@@ -48,6 +48,9 @@ def make_app(store_url: str, window_ms: int = 5 * 60_000) -> bottle.Bottle:
         except HeadraceError as exc:
             bottle.response.status = 400
             return json.dumps({"error": str(exc)})
+        except Exception as exc:  # e.g. the store is unreachable: the page shows it and polls again
+            bottle.response.status = 500
+            return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
 
     @app.get("/")
     def index() -> Any:
