@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p_run.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                        help="microbatch: a Spark query per computation; continuous: long-lived workers that own key intervals")
+    p_run.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus metrics on http://<this host>:PORT/metrics while it runs (0: any free port)")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
-                         mode=args.mode)
+                         mode=args.mode, metrics_port=args.metrics_port)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "watermarks":
