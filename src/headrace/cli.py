@@ -44,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p_run.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                        help="microbatch: a Spark query per computation; continuous: long-lived workers that own key intervals")
+    p_run.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus metrics on http://<this host>:PORT/metrics while it runs (0: any free port)")
     p_run.add_argument("--dashboard-port", type=int, default=0, help="serve the dashboard there (0: a free port)")
     p_run.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
     p_dash = sub.add_parser("dashboard", help="serve the web dashboard of a store (topology, watermarks, lag, keys)")
@@ -78,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
-                         mode=args.mode, dashboard_port=None if args.no_dashboard else args.dashboard_port,
-                         progress=sys.stderr)
+                         mode=args.mode, metrics_port=args.metrics_port,
+                         dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "dashboard":

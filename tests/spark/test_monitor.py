@@ -10,11 +10,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from headrace import Computation, injectors, key_by
 from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
@@ -68,7 +70,7 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     topology.inject("ticks", injectors.generator(lambda i: {"i": i, "flag": str(flag)}, rate=20, batch_size=2))
     topology.add(Slow, inputs={"ticks": key_by(lambda v: "all")}, shards=1, alert_lag_ms=3_000)
     # a long lease: the slowed worker blocks in user code for seconds and must keep its intervals
-    runner = ContinuousRunner(topology, url, spark=spark, lease_ms=30_000).start()
+    runner = ContinuousRunner(topology, url, spark=spark, lease_ms=30_000, metrics_port=0).start()
     try:
         yield Run(url, runner, events, flag)
     finally:
@@ -142,3 +144,37 @@ def test_state_and_timers_of_a_key_match_the_harness_after_the_same_input(run: R
         assert json.loads(cli("state", "QueryTally", key, "--store", run.url)) == harness.state(key)
         shown = [json.loads(line) for line in cli("timers", "QueryTally", key, "--store", run.url).splitlines()]
         assert shown == [t._asdict() for t in harness.timers(key)] and len(shown) == 2
+
+
+def scrape(run: Run) -> dict[str, dict[tuple[str, ...], float]]:
+    """``/metrics`` fetched over HTTP and parsed by prometheus-client's own parser: per sample name,
+    the value of each label set."""
+    url = f"http://127.0.0.1:{run.runner.watcher.metrics_port}/metrics"  # type: ignore[union-attr]
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, dict[tuple[str, ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_parse_and_their_watermark_gauges_move_forward(run: Run) -> None:
+    def stage(name: str, kind: str) -> tuple[str, ...]:
+        return (("kind", kind), ("stage", name))
+
+    first = poll(run, lambda: (m := scrape(run)).get("headrace_output_watermark_seconds", {}).get(
+        stage("Slow", "computation")) and m, "a first Slow watermark on /metrics")
+    time.sleep(2.5)
+    second = scrape(run)
+    for name, kind in (("inject:ticks", "injector"), ("Slow", "computation")):
+        for metric in ("headrace_input_watermark_seconds", "headrace_output_watermark_seconds"):
+            assert second[metric][stage(name, kind)] > first[metric][stage(name, kind)], (metric, name)
+    assert second["headrace_output_watermark_seconds"][stage("WindowCounter", "computation")] == float("inf")
+    assert second["headrace_records_total"][stage("WindowCounter", "computation")] == len(run.events)
+    assert second["headrace_backlog_records"][stage("WindowCounter", "computation")] == 0
+    assert second["headrace_late_dropped_total"][stage("WindowCounter", "computation")] == 0
+    assert second["headrace_records_per_second"][stage("inject:ticks", "injector")] > 0
+    assert second["headrace_alert"][stage("Slow", "computation")] == 0
+    assert {"headrace_watermark_lag_seconds", "headrace_dead_letters_total", "headrace_commit_interval_max_seconds",
+            "headrace_commit_interval_mean_seconds", "headrace_producer_lag_seconds"} <= set(second)

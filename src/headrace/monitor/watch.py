@@ -7,25 +7,46 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
-from typing import Any
+from typing import Any, TextIO
 
+from ..errors import OptionError
 from ..store import Store, open_store
 from ..store.monitoring import Sample
 from .events import ALERT, CLEARED, active_alerts, wall_ms
 from .status import status_of
 
-__all__ = ["Watcher", "HISTORY_MS"]
+__all__ = ["Watcher", "HISTORY_MS", "check_metrics_port", "announce_metrics"]
 
 HISTORY_MS = 15 * 60_000  # samples older than this are deleted
 log = logging.getLogger("headrace.monitor")
 
 
-class Watcher:
-    """``start()``, then ``stop()``; ``latest`` is the last status taken (None before the first)."""
+def check_metrics_port(port: object) -> int | None:
+    """``None`` (no endpoint), or a TCP port; 0 picks a free one."""
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise OptionError("metrics_port must be a TCP port number (0 picks a free one) or None", got=port,
+                          hint="e.g. metrics_port=9108, then scrape http://<driver host>:9108/metrics")
+    return port
 
-    def __init__(self, url: str, every_s: float = 1.0):
+
+def announce_metrics(watcher: "Watcher", progress: TextIO | None) -> None:
+    if watcher.metrics_url is not None and progress is not None:
+        print(f"headrace: Prometheus metrics at {watcher.metrics_url}", file=progress, flush=True)
+
+
+class Watcher:
+    """``start()``, then ``stop()``; ``latest`` is the last status taken (None before the first).
+    With a ``metrics_port``, it also serves ``/metrics`` (``metrics_url``) from ``latest``."""
+
+    def __init__(self, url: str, every_s: float = 1.0, metrics_port: int | None = None):
         self.url, self.every_s = url, every_s
+        self.metrics_port = check_metrics_port(metrics_port)
+        self.metrics_url: str | None = None
+        self._server: Any = None
         self.latest: dict[str, Any] | None = None
         self.rounds = 0
         self.failure: BaseException | None = None
@@ -34,12 +55,21 @@ class Watcher:
         self._trimmed = 0
 
     def start(self) -> "Watcher":
+        if self.metrics_port is not None:
+            from .metrics import serve_metrics
+
+            self._server = serve_metrics(self.metrics_port, lambda: self.latest)
+            self.metrics_port = int(self._server.server_port)
+            self.metrics_url = f"http://{socket.gethostname()}:{self.metrics_port}/metrics"
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join(timeout=10)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
 
     def _run(self) -> None:
         store = open_store(self.url)

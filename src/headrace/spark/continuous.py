@@ -25,7 +25,7 @@ from ..errors import OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
-from ..monitor.watch import Watcher
+from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import open_store
 from ..topology import Topology
 from .inject import DataFrameInjector
@@ -99,8 +99,10 @@ class ContinuousRunner:
 
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
-                 poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100):
+                 poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100,
+                 metrics_port: int | None = None):
         self.topology = topology
+        self.metrics_port = check_metrics_port(metrics_port)
         self.store = open_store(store)
         self.url = self.store.url
         self.master, self.spark, self.progress, self.progress_every_s = master, spark, progress, progress_every_s
@@ -130,7 +132,8 @@ class ContinuousRunner:
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
         self._record_topology()
-        self.watcher = Watcher(self.url).start()
+        self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
+        announce_metrics(self.watcher, self.progress)
         self.injectors = start_injectors(self.topology, self.url, checkpoint_root(self.store, self.topology.name, None),
                                          200, self.errors.append)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)

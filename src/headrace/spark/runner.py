@@ -15,7 +15,7 @@ from ..injectors import Injector, RecordsInjector, Several
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
-from ..monitor.watch import Watcher
+from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
 from .inject import DataFrameInjector, is_streaming_dataframe
@@ -177,8 +177,10 @@ class SparkRunner:
 
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
-                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None):
+                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
+                 metrics_port: int | None = None):
         self.topology = topology
+        self.metrics_port = check_metrics_port(metrics_port)
         opened = open_store(store)  # validates the URL early
         try:
             self.url = opened.url
@@ -217,7 +219,8 @@ class SparkRunner:
                                          self.errors.append)
         for spec in self.topology.computations.values():
             self.add(spec.name)
-        self.watcher = Watcher(self.url).start()
+        self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
+        announce_metrics(self.watcher, self.progress)
         return self
 
     def add(self, name: str, start: str | int = "beginning") -> ComputationQuery:

@@ -94,3 +94,13 @@ def test_alert_lag_ms_must_be_a_positive_integer(bad: Any) -> None:
         topology = Topology("t")
         topology.inject("in", [])
         topology.add(Tally, inputs={"in": key_by("k")}, alert_lag_ms=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 70_000, "9108", True])
+def test_a_metrics_port_must_be_a_port_number(bad: Any) -> None:
+    from headrace.monitor.watch import check_metrics_port
+
+    with pytest.raises(OptionError, match=re.escape(
+            f"metrics_port must be a TCP port number (0 picks a free one) or None (got {bad!r}). "
+            "Hint: e.g. metrics_port=9108, then scrape http://<driver host>:9108/metrics")):
+        check_metrics_port(bad)
