@@ -29,8 +29,8 @@ class Tally(Computation):
 
 
 @pytest.fixture
-def board(tmp_path: Path) -> Iterator[Dashboard]:
-    url = f"sqlite:///{tmp_path}/store.db"
+def board(each_store: str) -> Iterator[Dashboard]:
+    url = each_store
     topology = Topology("served")
     topology.inject("words", injectors.records([], timestamp="ts"))
     topology.add(Tally, inputs={"words": key_by("w")}, shards=1)
@@ -81,7 +81,7 @@ def test_a_key_lookup_shows_state_and_timers_and_says_what_is_wrong(board: Dashb
     assert json.loads(body) == {"computation": "Tally", "key": "cats", "state": 2,
                                 "timers": [{"tag": "forget", "timestamp": 62_000, "domain": "watermark"}]}
     status, body = get(board.url + "api/key?computation=Nope&key=cats")
-    assert status == 400 and json.loads(body)["error"].startswith("No computation 'Nope' in sqlite:///")
+    assert status == 400 and json.loads(body)["error"].startswith("No computation 'Nope' in ")
     status, body = get(board.url + "api/key?key=cats")
     assert status == 400 and json.loads(body) == {"error": "A key lookup needs a computation and a key "
                                                            "(got {'key': 'cats'}). Hint: /api/key?computation="
