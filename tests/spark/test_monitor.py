@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import headrace
 from headrace import Computation, injectors, key_by
 from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
 from headrace.spark.continuous import ContinuousRunner
@@ -27,12 +28,16 @@ from headrace.testing import Harness
 from .pipelines import searches, three_stage
 
 THREE_STAGES = ("WindowCounter", "BucketTotals", "BusiestBucketPerTenSeconds")
+STAGES = (*THREE_STAGES, "QueryTally")
 
 
 class QueryTally(Computation):
-    """Per query: how many searches and the first and last timestamp; two far-away wall timers."""
+    """Per query: how many searches and the first and last timestamp; two far-away wall timers.
+    Sleeps 10 ms per record while the file named by the record's ``hold`` exists."""
 
     def process_record(self, ctx: Any, record: Any) -> None:
+        if os.path.exists(record.value["hold"]):
+            time.sleep(0.01)
         tally = ctx.state or {"n": 0, "first": record.timestamp, "last": record.timestamp}
         tally = {"n": tally["n"] + 1, "first": min(tally["first"], record.timestamp),
                  "last": max(tally["last"], record.timestamp)}
@@ -56,6 +61,7 @@ class Run:
     runner: ContinuousRunner
     events: list[dict[str, Any]]
     flag: Path
+    hold: Path
     seen: list[dict[str, Any]] = field(default_factory=list)  # status reports taken by test_status_*
 
 
@@ -63,8 +69,9 @@ class Run:
 def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     folder = tmp_path_factory.mktemp("monitor")
     url = f"sqlite:///{folder}/store.db"
-    flag = folder / "slow"
-    events = searches(1500, seed=5)
+    flag, hold = folder / "slow", folder / "hold"
+    hold.touch()  # QueryTally is slow until the first test has seen its backlog
+    events = [{**e, "hold": str(hold)} for e in searches(1500, seed=5)]
     topology = three_stage(events, batch_size=50, rate=500, name="watched")
     topology.add(QueryTally, inputs={"searches": key_by("query")}, codec="json", shards=2)
     topology.inject("ticks", injectors.generator(lambda i: {"i": i, "flag": str(flag)}, rate=20, batch_size=2))
@@ -72,7 +79,7 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     # a long lease: the slowed worker blocks in user code for seconds and must keep its intervals
     runner = ContinuousRunner(topology, url, spark=spark, lease_ms=30_000, metrics_port=0).start()
     try:
-        yield Run(url, runner, events, flag)
+        yield Run(url, runner, events, flag, hold)
     finally:
         runner.stop()
 
@@ -109,17 +116,19 @@ def test_status_json_watermarks_match_the_journal_and_the_backlog_drains_to_zero
         report = json.loads(cli("status", "--json", "--store", run.url))
         run.seen.append(report)
         stages = report["stages"]
-        for name in (*THREE_STAGES, "inject:searches"):  # what status says is a row of the journal
+        if stages["QueryTally"]["backlog_records"] > 0 and run.hold.exists():
+            run.hold.unlink()  # its backlog was seen: let it catch up
+        for name in (*STAGES, "inject:searches"):  # what status says is a row of the journal
             rows = journaled(run.url, name)
             mark = (stages[name]["input_watermark"], stages[name]["output_watermark"])
             assert mark in rows or (not rows and mark == (BEGINNING_OF_TIME, BEGINNING_OF_TIME)), (name, mark)
-        return all(stages[n]["output_watermark"] == END_OF_TIME and stages[n]["backlog_records"] == 0
-                   for n in THREE_STAGES)
+        return not run.hold.exists() and all(
+            stages[n]["output_watermark"] == END_OF_TIME and stages[n]["backlog_records"] == 0 for n in STAGES)
     poll(run, drained, "the three stages to drain, seen through `headrace status --json`")
 
     last = run.seen[-1]
     assert last["topologies"][0]["name"] == "watched" and last["topologies"][0]["mode"] == "continuous"
-    for name in THREE_STAGES:
+    for name in STAGES:
         stage = last["stages"][name]
         assert (stage["input_watermark"], stage["output_watermark"]) == journaled(run.url, name)[-1]
         assert stage["backlog_batches"] == 0 and stage["producer_lag_ms"] == 0 and stage["watermark_lag_ms"] == 0
@@ -129,11 +138,13 @@ def test_status_json_watermarks_match_the_journal_and_the_backlog_drains_to_zero
     assert last["stages"]["WindowCounter"]["upstream"] == ["inject:searches"]
     assert last["stages"]["BucketTotals"]["inputs"] == ["window_counts"]
     assert last["stages"]["inject:searches"]["records"] == len(run.events)
-    # the injector ran for three seconds while the workers were starting: its records waited
-    assert max(r["stages"]["WindowCounter"]["backlog_records"] for r in run.seen) > 0
+    # QueryTally, held back, had a backlog; the three stages have one only while the workers start
+    assert max(r["stages"]["QueryTally"]["backlog_records"] for r in run.seen) > 0
+    print("largest backlogs seen:", {n: max(r["stages"][n]["backlog_records"] for r in run.seen) for n in STAGES})
 
 
 def test_state_and_timers_of_a_key_match_the_harness_after_the_same_input(run: Run) -> None:
+    run.hold.unlink(missing_ok=True)
     poll(run, lambda: json.loads(cli("status", "--json", "--store", run.url))["stages"]["QueryTally"][
         "output_watermark"] == END_OF_TIME, "QueryTally to drain")
     for key in ("q0", "q7"):
@@ -178,3 +189,58 @@ def test_metrics_parse_and_their_watermark_gauges_move_forward(run: Run) -> None
     assert second["headrace_alert"][stage("Slow", "computation")] == 0
     assert {"headrace_watermark_lag_seconds", "headrace_dead_letters_total", "headrace_commit_interval_max_seconds",
             "headrace_commit_interval_mean_seconds", "headrace_producer_lag_seconds"} <= set(second)
+
+
+def test_a_slowed_stage_raises_a_lag_alert_that_clears_once_it_catches_up(
+        run: Run, caplog: pytest.LogCaptureFixture) -> None:
+    def slow() -> dict[str, Any]:
+        return headrace.status(run.url)["stages"]["Slow"]
+
+    poll(run, lambda: (lag := slow()["watermark_lag_ms"]) is not None and lag < 3_000, "Slow to keep up at first")
+    assert slow()["alert"] is None
+    run.flag.touch()  # from now on Slow sleeps a quarter second per record, at 20 records a second
+    try:
+        raised = poll(run, lambda: (r := headrace.status(run.url))["stages"]["Slow"]["alert"] and r,
+                      "the lag alert of Slow", timeout_s=30)
+        shown = cli("status", "--store", run.url)
+    finally:
+        run.flag.unlink()
+    alert = raised["stages"]["Slow"]["alert"]
+    assert raised["alerts"] == [alert] and alert["stage"] == "Slow" and alert["threshold_ms"] == 3_000
+    assert alert["lag_ms"] > 3_000
+    assert "ALERT Slow: watermark" in shown and "(alert_lag_ms=3000)" in shown
+
+    cleared = poll(run, lambda: (r := headrace.status(run.url))["stages"]["Slow"]["alert"] is None and r,
+                   "the lag alert of Slow to clear", timeout_s=30)
+    assert cleared["alerts"] == [] and cleared["stages"]["Slow"]["watermark_lag_ms"] <= 3_000
+    store = open_store(run.url)
+    try:
+        kinds = [(e.kind, json.loads(e.detail)["threshold_ms"]) for e in store.events(kinds=("alert", "cleared"))
+                 if e.name == "Slow"]
+    finally:
+        store.close()
+    assert kinds == [("alert", 3_000), ("cleared", 3_000)]
+    logged = [r.getMessage() for r in caplog.records if r.name == "headrace.monitor"]
+    assert any(m.startswith("headrace alert: Slow's low watermark is") for m in logged)
+    assert any(m.startswith("headrace alert cleared: Slow's low watermark is") for m in logged)
+
+
+def test_in_microbatch_mode_status_reads_the_positions_from_spark_offsets_and_the_backlog_drains(
+        spark: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/store.db"
+    events = searches(300, seed=8)
+    headrace.run(three_stage(events, batch_size=100, name="watched_mb"), store=url, spark=spark, progress=None,
+                 mode="microbatch", timeout_s=240)
+    report = json.loads(cli("status", "--json", "--store", url))
+    assert report["topologies"][0]["mode"] == "microbatch"
+    for name in THREE_STAGES:
+        stage = report["stages"][name]
+        assert (stage["input_watermark"], stage["output_watermark"]) == journaled(url, name)[-1]
+        assert (stage["backlog_records"], stage["backlog_batches"]) == (0, 0), name
+    assert report["stages"]["WindowCounter"]["records"] == len(events)
+    store = open_store(url)
+    try:  # the driver copied every batch's end offset: the last one is each producer's head
+        read = store.all_positions("BucketTotals")[-1]
+        assert read == {"WindowCounter": store.latest_batch("WindowCounter").batch}  # type: ignore[union-attr]
+    finally:
+        store.close()

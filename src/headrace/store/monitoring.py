@@ -49,6 +49,7 @@ class MonitorQueries:
         def _x(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
         def _xmany(self, sql: str, rows: list[tuple]) -> None: ...
         def _values(self, column: str, values: list[str]) -> tuple[str, Any]: ...
+        def latest_batches(self, producers: list[str]) -> dict[str, int]: ...
 
     def computations(self) -> dict[str, int]:
         """Every registered computation and its shard count."""
@@ -79,24 +80,29 @@ class MonitorQueries:
                         "AND batch <= ?", (stream, producer, after_batch, upto_batch))
         return int(row[0])
 
-    def records_of(self, producers: list[str], since_ms: int = 0) -> int:
-        """How many records these producers committed (to any stream) at or after ``since_ms``."""
-        if not producers:
-            return 0
-        values, param = self._values("p", producers)
-        row = self._one(f"SELECT COALESCE(SUM(count), 0) FROM segments JOIN {values} ON producer = p "
-                        "WHERE created_at >= ?", (param, since_ms))
-        return int(row[0])
+    def records_of(self, producers: list[str], since_ms: int | None = None, recent: int = 1_000) -> int:
+        """How many records these producers committed (to any stream); with ``since_ms``, only at or
+        after it, looking at their last ``recent`` batches (an index range, however long the run)."""
+        total = 0
+        for producer, head in self.latest_batches(producers).items():
+            if since_ms is None:
+                row = self._one("SELECT COALESCE(SUM(count), 0) FROM segments WHERE producer = ?", (producer,))
+            else:
+                row = self._one("SELECT COALESCE(SUM(count), 0) FROM segments WHERE producer = ? AND batch > ? "
+                                "AND created_at >= ?", (producer, head - recent, since_ms))
+            total += int(row[0])
+        return total
 
-    def commit_times(self, producers: list[str], since_ms: int) -> dict[str, list[int]]:
-        """Per producer, when each of its batches journaled at or after ``since_ms`` completed, in order."""
-        if not producers:
-            return {}
-        values, param = self._values("p", producers)
+    def commit_times(self, producers: list[str], since_ms: int, recent: int = 1_000) -> dict[str, list[int]]:
+        """Per producer, when each of its batches journaled at or after ``since_ms`` completed, in
+        order, looking at its last ``recent`` batches."""
         out: dict[str, list[int]] = {}
-        for producer, at in self._all(f"SELECT producer, completed_at FROM batches JOIN {values} ON producer = p "
-                                      "WHERE completed_at >= ? ORDER BY producer, batch", (param, since_ms)):
-            out.setdefault(str(producer), []).append(int(at))
+        for producer, head in self.latest_batches(producers).items():
+            times = [int(r[0]) for r in self._all(
+                "SELECT completed_at FROM batches WHERE producer = ? AND batch > ? ORDER BY batch",
+                (producer, head - recent)) if int(r[0]) >= since_ms]
+            if times:
+                out[producer] = times
         return out
 
     def state_keys(self, computation: str, limit: int = 10) -> list[str]:
