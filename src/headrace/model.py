@@ -14,6 +14,7 @@ from .errors import InvalidKeyError, OptionError
 
 __all__ = [
     "Computation",
+    "MonoidComputation",
     "Context",
     "Record",
     "Timer",
@@ -98,6 +99,49 @@ class Computation:
     @classmethod
     def overrides(cls, hook: str) -> bool:
         return getattr(cls, hook) is not getattr(Computation, hook)
+
+
+class MonoidComputation(Computation):
+    """A computation whose per-key state is a commutative monoid, one aggregate per key and window
+    (docs/architecture.md §3.13). Override ``zero``, ``lift``, ``combine`` and ``emit``; ``window``
+    is optional. headrace then folds records into partial aggregates where it reads them, before
+    they reach their key's shard, and merges each partial into the store without reading the
+    key's old value first.
+
+    - ``zero()``: the identity: ``combine(zero(), a) == a``.
+    - ``lift(record)``: one record as an aggregate.
+    - ``combine(a, b)``: associative and commutative, since partials folded by different read
+      tasks meet in any order. Return a new value, or ``a`` changed in place; never change ``b``.
+    - ``window(record)``: the event time at which the aggregate holding this record is complete
+      (default: the end of time, one aggregate per key, emitted once the input has ended). A
+      watermark timer at that time fires ``emit`` once the low watermark reaches it.
+    - ``emit(ctx, timer, aggregate)``: what to produce for the key's complete window
+      ``timer.timestamp``, with ``ctx.produce``; the window's aggregate is then forgotten.
+
+    It defines no ``process_record`` or ``process_timer`` and keeps no ``ctx.state`` of its own.
+    """
+
+    def zero(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def lift(self, record: Record) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def combine(self, a: Any, b: Any) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def window(self, record: Record) -> int:
+        return END_OF_TIME
+
+    def emit(self, ctx: Context, timer: Timer, aggregate: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @classmethod
+    def missing_hooks(cls) -> list[str]:
+        return [h for h in MONOID_HOOKS if getattr(cls, h) is getattr(MonoidComputation, h)]
+
+
+MONOID_HOOKS = ("zero", "lift", "combine", "emit")
 
 
 class KeyExtractor:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import OptionError, TopologyError
-from .model import Computation, ComputationOptions, KeyExtractor
+from .model import Computation, ComputationOptions, KeyExtractor, MonoidComputation
 
 __all__ = ["Topology", "ComputationSpec", "Injection", "InjectOptions"]
 
@@ -132,6 +132,22 @@ def check_computation_class(owner: str, cls: object) -> type[Computation]:
             got=cls,
             hint="write `class MyComputation(Computation): def process_record(self, ctx, record): ...`",
         )
+    if issubclass(cls, MonoidComputation):
+        missing = cls.missing_hooks()
+        if missing:
+            raise TopologyError(
+                f"Monoid computation {owner!r} does not define {', '.join(missing)}",
+                got=cls,
+                hint="a MonoidComputation defines zero(), lift(record), combine(a, b) and emit(ctx, timer, aggregate)",
+            )
+        if cls.overrides("process_record") or cls.overrides("process_timer"):
+            raise TopologyError(
+                f"Monoid computation {owner!r} defines process_record or process_timer",
+                got=cls,
+                hint="a MonoidComputation folds records with lift and combine and produces in emit; "
+                     "subclass Computation for per-record code",
+            )
+        return cls
     if not (cls.overrides("process_record") or cls.overrides("process_timer")):
         raise TopologyError(
             f"Computation {owner!r} defines neither process_record nor process_timer",

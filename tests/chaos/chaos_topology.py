@@ -1,5 +1,6 @@
-"""The pipeline the chaos suite kills: an injector and three computations, one of them
-non-deterministic (random numbers and the wall clock).
+"""The pipeline the chaos suite kills: an injector and five computations, one of them
+non-deterministic (random numbers and the wall clock), two of them monoids (their records folded
+before the shard, their state merged as delta rows, docs/architecture.md §3.13).
 
 As a script it is one driver life:
 ``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS N [MODE]`` (MODE: microbatch or continuous).
@@ -10,9 +11,13 @@ from __future__ import annotations
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from headrace import Computation, Topology, injectors, key_by
+
+sys.path.insert(0, str(Path(__file__).parents[2]))  # run as a script: the repository root, for tests.monoids
+from tests.monoids import Adding  # noqa: E402
 
 BASE = 1_700_000_000_000
 USERS = [f"user-{i}" for i in range(12)]
@@ -57,12 +62,34 @@ class Windows(Computation):
         ctx.state = None
 
 
+class UserCount(Adding):
+    """A monoid keyed count: records per user, emitted once the input has ended."""
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("user_counts", {"user": ctx.key, "count": aggregate})
+
+
+class UserSums(UserCount):
+    """A monoid windowed sum: n per user and 100 ms bucket, emitted when the watermark closes it."""
+
+    def lift(self, record: Any) -> int:
+        return int(record.value["n"])
+
+    def window(self, record: Any) -> int:
+        return record.timestamp - record.timestamp % 100 + 100
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("user_sums", {"user": ctx.key, "bucket": timer.timestamp - 100, "sum": aggregate})
+
+
 def build(n: int, productions: str = "strong", rate: float = 400) -> Topology:
     t = Topology("chaos")
     t.inject("events", injectors.records(events(n), timestamp="ts", batch_size=40, rate=rate))
     t.add(Tagger, inputs={"events": key_by("user")}, outputs=["tagged"], productions=productions, shards=3)
     t.add(Collector, inputs={"tagged": key_by(lambda v: f"{v['user']}/{v['n'] % 2}")}, outputs=["collected"], shards=2)
     t.add(Windows, inputs={"tagged": key_by(lambda v: str(v["ts"] - v["ts"] % 100))}, outputs=["windows"], shards=2)
+    t.add(UserCount, inputs={"tagged": key_by("user")}, outputs=["user_counts"], shards=2)
+    t.add(UserSums, inputs={"tagged": key_by("user")}, outputs=["user_sums"], shards=2)
     return t
 
 

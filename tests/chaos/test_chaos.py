@@ -17,6 +17,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,9 @@ class Divergence:
     windows_twice: list[int] = field(default_factory=list)  # buckets emitted more than once
     # n whose tag in Tagger's state or in Collector's output is none of the tags "tagged" delivered for it
     tags_not_delivered: list[int] = field(default_factory=list)
+    # the monoids' outputs where they are not, once each, the plain fold of what "tagged" delivered:
+    # (stream, key, what it emitted for the key)
+    monoids: list[tuple[str, Any, list[int]]] = field(default_factory=list)
 
 
 def children(pid: int) -> list[int]:
@@ -114,7 +118,7 @@ class Monkey:
         finally:
             store.close()
         return all(name in heads and heads[name].input_watermark == END_OF_TIME
-                   for name in ("Tagger", "Collector", "Windows"))
+                   for name in ("Tagger", "Collector", "Windows", "UserCount", "UserSums"))
 
     def kill_driver(self) -> None:
         assert self.driver is not None
@@ -183,8 +187,18 @@ class Monkey:
     def divergence(self) -> Divergence:
         data = events(self.n)
         delivered: dict[int, list[float]] = defaultdict(list)  # n -> the tag of each of its copies in "tagged"
+        folds: dict[str, Counter[Any]] = {"user_counts": Counter(), "user_sums": Counter()}  # over every copy
         for r in read("tagged", self.store):
             delivered[r.value["n"]].append(r.value["tag"])
+            folds["user_counts"][r.value["user"]] += 1
+            folds["user_sums"][(r.value["user"], bucket(r.value["ts"]))] += r.value["n"]
+        monoids = []
+        for stream, key, value in (("user_counts", ("user",), "count"), ("user_sums", ("user", "bucket"), "sum")):
+            emitted: dict[Any, list[int]] = defaultdict(list)
+            for r in read(stream, self.store):
+                emitted[tuple(r.value[k] for k in key) if len(key) > 1 else r.value[key[0]]].append(r.value[value])
+            monoids.extend((stream, k, emitted.get(k, [])) for k in sorted(emitted.keys() | folds[stream].keys())
+                           if emitted.get(k, []) != [folds[stream][k]])
         emitted = [(r.value["bucket"], r.value["count"]) for r in read("windows", self.store)]
         windows, oracle = dict(emitted), Counter(bucket(e["ts"]) for e in data)
         store = open_store(self.store)
@@ -206,6 +220,7 @@ class Monkey:
             # what Tagger remembers, what it sent and what Collector received are one and the same draw
             tags_not_delivered=sorted(n for n in delivered
                                       if remembered.get(n) not in delivered[n] or collected.get(n) not in delivered[n]),
+            monoids=monoids,
         )
 
 

@@ -7,6 +7,9 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from headrace import Computation, Topology, injectors, key_by
+from headrace.model import END_OF_TIME
+
+from ..monoids import Adding
 
 BASE = 1_700_000_000_000
 
@@ -96,3 +99,81 @@ def oracle(events: list[dict[str, Any]]) -> dict[str, Any]:
         "bucket_totals": {b: dict(t) for b, t in totals.items()},
         "busiest": busiest,
     }
+
+
+# -- monoid computations beside their plain versions (tests/spark/test_monoid.py) -------------------
+
+class PlainCount(Computation):
+    """Records per key, emitted once the input has ended."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = (ctx.state or 0) + 1
+        ctx.set_timer("end", END_OF_TIME)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        ctx.produce("plain_counts", {"key": ctx.key, "count": ctx.state})
+        ctx.state = None
+
+
+class MonoidCount(Adding):
+    """The same count as a monoid: one window per key (the default), emitted once the input has ended."""
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("monoid_counts", {"key": ctx.key, "count": aggregate})
+
+
+class PlainWindowSum(Computation):
+    """The sum of ``n`` per key and one-second window, emitted once the window is complete."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        sums = ctx.state or {}
+        end = record.timestamp - record.timestamp % 1000 + 1000
+        sums[end] = sums.get(end, 0) + record.value["n"]
+        ctx.state = sums
+        ctx.set_timer(f"w{end}", end)
+
+    def process_timer(self, ctx: Any, timer: Any) -> None:
+        sums = ctx.state
+        ctx.produce("plain_sums", {"key": ctx.key, "end": timer.timestamp, "sum": sums.pop(timer.timestamp)})
+        ctx.state = sums or None
+
+
+class MonoidWindowSum(Adding):
+    def lift(self, record: Any) -> int:
+        return int(record.value["n"])
+
+    def combine(self, a: int, b: int) -> int:
+        return a + b
+
+    def window(self, record: Any) -> int:
+        return record.timestamp - record.timestamp % 1000 + 1000
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("monoid_sums", {"key": ctx.key, "end": timer.timestamp, "sum": aggregate})
+
+
+def skewed_events(n: int, keys: int = 200, seed: int = 11) -> list[dict[str, Any]]:
+    """Zipf-skewed keys over 20 s of event time, out of order by up to 2 s, each with a number ``n``."""
+    rng = random.Random(seed)
+    names = [f"k{i}" for i in range(keys)]
+    weights = [1 / (i + 1) for i in range(keys)]
+    events = [{"key": k, "n": rng.randrange(100), "ts": BASE + rng.randrange(20_000)}
+              for k in rng.choices(names, weights, k=n)]
+    events.sort(key=lambda e: e["ts"] + rng.randrange(2_000))
+    return events
+
+
+def monoid_beside_plain(events: list[dict[str, Any]], batch_size: int = 300) -> Topology:
+    t = Topology("monoid_beside_plain")
+    t.inject("events", injectors.records(events, timestamp="ts", batch_size=batch_size))
+    for cls, out in ((PlainCount, "plain_counts"), (MonoidCount, "monoid_counts"),
+                     (PlainWindowSum, "plain_sums"), (MonoidWindowSum, "monoid_sums")):
+        t.add(cls, inputs={"events": key_by("key")}, outputs=[out], shards=2)
+    return t
+
+
+def monoid_oracle(events: list[dict[str, Any]]) -> dict[str, Any]:
+    sums: Counter[tuple[str, int]] = Counter()
+    for e in events:
+        sums[(e["key"], e["ts"] - e["ts"] % 1000 + 1000)] += e["n"]
+    return {"counts": dict(Counter(e["key"] for e in events)), "sums": dict(sums)}

@@ -5,9 +5,9 @@ import time
 from typing import Any, Iterator
 
 from headrace import Computation, Topology, injectors, key_by, read, run, watermarks
-from headrace.spark.runner import SparkRunner
 from headrace.store import open_store
 
+from .conftest import start_runner
 from .pipelines import BASE, BucketTotals, WindowCounter, oracle, searches
 
 
@@ -67,33 +67,44 @@ def test_watermark_timers_fire_after_every_earlier_record(spark: Any, store_url:
         sorted(oracle(events)["window_counts"].items())
 
 
-def test_a_computation_added_while_running_catches_up_from_the_beginning(spark: Any, store_url: str) -> None:
+def test_a_computation_added_while_running_catches_up_from_the_beginning(spark: Any, store_url: str,
+                                                                         mode: str) -> None:
     events = searches(1_500, seed=21)
-    t = Topology("growing")
-    t.inject("searches", injectors.records(events, timestamp="ts", batch_size=50, rate=400))
+    grown = threading.Event()
+
+    def source() -> Iterator[dict[str, Any]]:
+        yield from events[:750]
+        if not grown.wait(timeout=120):  # the rest is published once BucketTotals has been added
+            raise TimeoutError("BucketTotals was never added")
+        yield from events[750:]
+
+    t = Topology("growing")  # a generator's watermark trails its highest timestamp by max_delay_ms: the disorder
+    t.inject("searches", injectors.records(source, timestamp="ts", batch_size=50, max_delay_ms=3_000))
     t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=2)
-    runner = SparkRunner(t, store_url, spark=spark, trigger_ms=100).start()
+    runner = start_runner(t, store_url, spark, mode)
     try:
         deadline = time.time() + 120
-        while runner.queries["WindowCounter"].stats.batches < 2:
+        while runner.batches("WindowCounter") < 1:
             runner.check()
-            assert time.time() < deadline, "WindowCounter never ran two batches"
-            time.sleep(0.1)
-        assert not runner.drained()
+            assert time.time() < deadline, "WindowCounter never committed"
+            time.sleep(0.05)
         t.add(BucketTotals, inputs={"window_counts": key_by(lambda v: str(v["bucket"]))}, outputs=["bucket_totals"])
-        first_query = runner.queries["WindowCounter"].query
         runner.add("BucketTotals")
+        grown.set()
         runner.wait(timeout_s=300)
-        assert runner.queries["WindowCounter"].query is first_query and first_query.isActive
+        assert runner.running("WindowCounter") and runner.running("BucketTotals")
     finally:
+        grown.set()
         runner.stop()
     totals = {r.value["bucket"]: {"searches": r.value["searches"], "queries": r.value["queries"]}
               for r in read("bucket_totals", store_url)}
     assert totals == oracle(events)["bucket_totals"]
+    assert sorted((r.value["query"], r.value["bucket"], r.value["count"]) for r in read("window_counts", store_url)) \
+        == sorted((q, b, n) for (q, b), n in oracle(events)["window_counts"].items())
 
 
 def test_a_computation_added_from_now_sees_exactly_what_is_published_after_it_started(
-        spark: Any, store_url: str) -> None:
+        spark: Any, store_url: str, mode: str) -> None:
     events = [{**e, "n": n} for n, e in enumerate(searches(2_000, seed=22))]
     held_back = 1_000  # a multiple of the batch size: everything before it is published, then nothing
     started = threading.Event()
@@ -108,7 +119,7 @@ def test_a_computation_added_from_now_sees_exactly_what_is_published_after_it_st
     t.inject("searches", injectors.records(source, timestamp="ts", batch_size=50))
     t.add(Echo, name="FromStart", inputs={"searches": key_by(lambda v: "start")}, outputs=["seen_start"],
           late="deliver")
-    runner = SparkRunner(t, store_url, spark=spark, trigger_ms=100).start()
+    runner = start_runner(t, store_url, spark, mode)
     try:
         store = open_store(store_url)
         deadline = time.time() + 120
@@ -117,16 +128,11 @@ def test_a_computation_added_from_now_sees_exactly_what_is_published_after_it_st
             assert time.time() < deadline, "the first events were never published"
             time.sleep(0.05)
         t.add(Echo, name="FromNow", inputs={"searches": key_by(lambda v: "now")}, outputs=["seen_now"], late="deliver")
-        from_now = runner.add("FromNow", start="now").query
-        while from_now.lastProgress is None:  # its first trigger is over: it has taken its starting point
-            runner.check()
-            assert time.time() < deadline, "FromNow never ran a trigger"
-            time.sleep(0.05)
+        runner.add("FromNow", start="now")  # returns once FromNow has taken its starting point
         started.set()
         runner.wait(timeout_s=300)
-        kept = runner.queries["FromStart"].query
         runner.remove("FromNow")  # removing one computation leaves the others running
-        assert "FromNow" not in runner.queries and kept.isActive and runner.queries["FromStart"].query is kept
+        assert runner.running("FromStart") and not runner.running("FromNow")
     finally:
         started.set()
         runner.stop()

@@ -1,6 +1,6 @@
 """A topology whose user code stalls in one process (the zombie) until told to go on.
 
-Run as a script, it is a driver: ``python zombie_topology.py STORE_URL CHECKPOINT_DIR SIGNAL_DIR``.
+Run as a script, it is a driver: ``python zombie_topology.py STORE_URL CHECKPOINT_DIR SIGNAL_DIR MODE``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def build() -> Topology:
 if __name__ == "__main__":
     from headrace import run
 
-    store, checkpoints, signals = sys.argv[1:4]
+    store, checkpoints, signals, mode = sys.argv[1:5]
     os.environ["HEADRACE_TEST_STALL_DIR"] = signals
+    options = {"checkpoint_dir": checkpoints} if mode == "microbatch" else {}
     try:
-        run(build(), store=store, master="local[1]", checkpoint_dir=checkpoints, progress=None, timeout_s=600,
-            mode="microbatch")
+        run(build(), store=store, master="local[1]", progress=None, timeout_s=600, mode=mode, **options)
     except Exception as exc:
         print(f"zombie stopped: {exc}", file=sys.stderr, flush=True)
         sys.exit(3)

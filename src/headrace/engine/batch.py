@@ -6,7 +6,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["shard_of", "id_prefix", "id_sequence", "InputRecord", "Production", "DueTimer", "ShardBatch",
+__all__ = ["shard_of", "id_prefix", "id_sequence", "InputRecord", "Partial", "Production", "DueTimer", "ShardBatch",
            "ShardSnapshot", "ShardCommit"]
 
 
@@ -35,6 +35,16 @@ class InputRecord(NamedTuple):
     value: Any
     timestamp: int
     id: str
+
+
+class Partial(NamedTuple):
+    """A monoid computation's partial aggregate of ``records`` records of one key and window,
+    folded where the records were read (docs/architecture.md §3.13)."""
+
+    key: str
+    window: int
+    aggregate: Any
+    records: int
 
 
 class Production(NamedTuple):
@@ -77,6 +87,7 @@ class ShardBatch:
     rejected: list[InputRecord] = field(default_factory=list)  # bad input for the dead-letter stream
     positions: dict[str, int] | None = None  # continuous mode: the input read through, per producer
     journal_as: str | None = None  # continuous mode: the interval's producer name on the bus
+    partials: list[Partial] = field(default_factory=list)  # monoid computations: records folded before the shard
 
 
 @dataclass
@@ -111,6 +122,10 @@ class ShardCommit:
     exactly_once: bool = True
     positions: dict[str, int] | None = None
     journal_as: str | None = None
+    # monoid computations: (key, window, encoded partial) rows added under this batch, and the
+    # (key, window) pairs whose rows of earlier batches go (emitted, or compacted into a new row)
+    partial_writes: list[tuple[str, int, bytes]] = field(default_factory=list)
+    partial_deletes: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def producer(self) -> str:

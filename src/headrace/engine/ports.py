@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 
+from ..errors import StoreError
 from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
 
 __all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "IntervalClaim"]
@@ -45,6 +46,11 @@ class ShardStore(Protocol):
 
     def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int,
                    wall_clock: int) -> ShardSnapshot: ...
+
+    def load_partials(self, computation: str, shard: int,
+                      windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
+        """A monoid computation's delta rows of these (key, window) pairs, or of every pair of the shard."""
+        ...
 
     def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]: ...
 
@@ -109,5 +115,10 @@ class IntervalStore(ShardStore, Bus, Journal, Protocol):
                         lease_until: int) -> set[int]: ...
 
     def release_interval(self, computation: str, shard: int, sequencer: int) -> None: ...
+
+    def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
+        """Several intervals' outcomes in one transaction; a refused one (fenced, stale) is left out
+        and its error returned in its place."""
+        ...
 
     def latest_batches(self, producers: list[str]) -> dict[str, int]: ...

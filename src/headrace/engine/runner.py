@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model import Computation, ComputationOptions
-from .batch import InputRecord, Production, ShardBatch, shard_of
+from ..errors import StoreError
+from ..model import Computation, ComputationOptions, MonoidComputation
+from .batch import InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, shard_of
 from .dedup import DedupIndex
-from .ports import Journal, ShardStore
+from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
+from .ports import IntervalStore, Journal, ShardStore
 from .shard import process_shard
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
 
-__all__ = ["ShardResult", "BatchOutcome", "run_shard_batch", "DedupCache", "finish_batch", "run_batch"]
+__all__ = ["ShardResult", "BatchOutcome", "PreparedBatch", "prepare_shard_batch", "run_shard_batch", "commit_together",
+           "DedupCache", "finish_batch", "run_batch"]
 
 
 @dataclass
@@ -52,6 +55,63 @@ class DedupCache:
         return index
 
 
+@dataclass
+class PreparedBatch:
+    """A shard's batch whose user code has run, waiting for its commit (alone or with others)."""
+    txn: ShardTransaction
+    commit: ShardCommit
+    index: DedupIndex | None
+
+    def completed(self) -> ShardResult:
+        """The result once ``txn`` committed."""
+        if self.index is not None:
+            self.index.committed(self.commit.batch, (i for i, _ in self.commit.seen_ids))
+        return ShardResult(self.txn.productions, self.txn.state, self.commit.counters)
+
+
+def prepare_shard_batch(
+    computation: Computation,
+    name: str,
+    options: ComputationOptions,
+    outputs: frozenset[str] | None,
+    store: ShardStore,
+    batch: ShardBatch,
+    dedup_cache: DedupCache | None = None,
+) -> ShardResult | PreparedBatch:
+    """Load the shard, drop duplicates and run user code: the batch prepared for its commit, or a
+    result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work)."""
+    monoid = isinstance(computation, MonoidComputation)
+    keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
+    snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
+    txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.exactly_once)
+    if txn.already_committed:
+        productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
+        return ShardResult(productions, txn.state)
+
+    if (not batch.records and not batch.partials and not batch.rejected and not snapshot.due_timers
+            and batch.journal_as is None):
+        return ShardResult([], txn.state)  # nothing to do: no write (an interval's batch always journals)
+
+    is_duplicate = None
+    index = None
+    if options.dedup and batch.dedup_streams:
+        index = (dedup_cache or DedupCache()).index(store, name, batch.shard)
+        index.ensure(snapshot.version)
+        is_duplicate = index.seen
+    try:
+        if monoid:
+            commit = process_monoid_shard(computation, name, options, outputs, batch, snapshot,
+                                          _stored_partials(store, name, batch, snapshot),
+                                          is_duplicate or (lambda ids: set()))
+        else:
+            commit = process_shard(computation, name, options, outputs, batch, snapshot,
+                                   is_duplicate or (lambda ids: set()))
+    except BaseException:
+        txn.abort()
+        raise
+    return PreparedBatch(txn, txn.prepare(commit), index)
+
+
 def run_shard_batch(
     computation: Computation,
     name: str,
@@ -62,33 +122,28 @@ def run_shard_batch(
     dedup_cache: DedupCache | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
-    keys = list(dict.fromkeys(r.key for r in batch.records))
-    snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
-    txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.exactly_once)
-    if txn.already_committed:
-        productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
-        return ShardResult(productions, txn.state)
+    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache)
+    if isinstance(prepared, ShardResult):
+        return prepared
+    prepared.txn.commit(store)
+    return prepared.completed()
 
-    if not batch.records and not batch.rejected and not snapshot.due_timers and batch.journal_as is None:
-        return ShardResult([], txn.state)  # nothing to do: no write (an interval's batch always journals)
 
-    is_duplicate = None
-    index = None
-    if options.dedup and batch.dedup_streams:
-        index = (dedup_cache or DedupCache()).index(store, name, batch.shard)
-        index.ensure(snapshot.version)
-        is_duplicate = index.seen
-    try:
-        commit = process_shard(computation, name, options, outputs, batch, snapshot,
-                               is_duplicate or (lambda ids: set()))
-    except BaseException:
-        txn.abort()
-        raise
-    txn.prepare(commit)
-    productions = txn.commit(store)
-    if index is not None:
-        index.committed(batch.batch, (i for i, _ in commit.seen_ids))
-    return ShardResult(productions, txn.state, commit.counters)
+def commit_together(store: IntervalStore, prepared: list[PreparedBatch]) -> list[ShardResult | StoreError]:
+    """Commit several intervals' prepared batches in one store transaction: each one's result, or
+    the error (fenced, stale) that refused it alone."""
+    failures = ShardTransaction.commit_together(store, [p.txn for p in prepared])
+    return [p.completed() if failure is None else failure for p, failure in zip(prepared, failures)]
+
+
+def _stored_partials(store: ShardStore, name: str, batch: ShardBatch,
+                     snapshot: ShardSnapshot) -> dict[tuple[str, int], list[bytes]]:
+    """The delta rows a monoid shard batch needs: those of its due windows, or, in a compacting
+    batch, every window's (read within the version check of the commit, so a retry sees the same)."""
+    if batch.batch % COMPACT_EVERY == 0:
+        return store.load_partials(name, batch.shard, None)
+    due = [(t.key, w) for t in snapshot.due_timers if (w := tag_window(t.tag)) is not None]
+    return store.load_partials(name, batch.shard, due) if due else {}
 
 
 def finish_batch(journal: Journal, name: str, batch: int, input_watermark: int, previous_output: int,

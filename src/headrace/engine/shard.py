@@ -158,6 +158,33 @@ class KeyContext:
         self._productions.append(Production(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}"))
 
 
+def new_counters() -> dict[str, int]:
+    return {"records": 0, "late_dropped": 0, "late_delivered": 0, "duplicates": 0, "timers_fired": 0}
+
+
+def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate: Callable[[list[str]], set[str]],
+                    counters: dict[str, int]) -> tuple[list[InputRecord], list[tuple[str, int]]]:
+    """The batch's records less those whose id was seen (on the streams that need the check), and
+    the ids to remember."""
+    records = batch.records
+    seen_ids: list[tuple[str, int]] = []
+    if options.dedup and batch.dedup_streams:
+        checked = [r for r in records if r.stream in batch.dedup_streams]
+        already = is_duplicate([r.id for r in checked])
+        fresh: list[InputRecord] = []
+        in_batch: set[str] = set()
+        for r in records:
+            if r.stream in batch.dedup_streams:
+                if r.id in already or r.id in in_batch:
+                    counters["duplicates"] += 1
+                    continue
+                in_batch.add(r.id)
+                seen_ids.append((r.id, r.timestamp))
+            fresh.append(r)
+        records = fresh
+    return records, seen_ids
+
+
 def _group_by_key(records: list[InputRecord]) -> dict[str, list[InputRecord]]:
     groups: dict[str, list[InputRecord]] = {}
     for r in records:
@@ -169,7 +196,7 @@ def _group_by_key(records: list[InputRecord]) -> dict[str, list[InputRecord]]:
     return groups
 
 
-def _next_due(timers: dict[str, DueTimer], watermark: int, wall_clock: int) -> DueTimer | None:
+def next_due(timers: dict[str, DueTimer], watermark: int, wall_clock: int) -> DueTimer | None:
     best: DueTimer | None = None
     for t in timers.values():
         due = t.timestamp <= (watermark if t.domain == "watermark" else wall_clock)
@@ -188,24 +215,8 @@ def process_shard(
     is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
 ) -> ShardCommit:
     """Run user code for one shard batch and return everything it changed, uncommitted."""
-    counters = {"records": 0, "late_dropped": 0, "late_delivered": 0, "duplicates": 0, "timers_fired": 0}
-    records = batch.records
-    seen_ids: list[tuple[str, int]] = []
-    if options.dedup and batch.dedup_streams:
-        checked = [r for r in records if r.stream in batch.dedup_streams]
-        already = is_duplicate([r.id for r in checked])
-        fresh: list[InputRecord] = []
-        in_batch: set[str] = set()
-        for r in records:
-            if r.stream in batch.dedup_streams:
-                if r.id in already or r.id in in_batch:
-                    counters["duplicates"] += 1
-                    continue
-                in_batch.add(r.id)
-                seen_ids.append((r.id, r.timestamp))
-            fresh.append(r)
-        records = fresh
-
+    counters = new_counters()
+    records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
     by_key = _group_by_key(records)
     timers_by_key: dict[str, dict[str, DueTimer]] = {}
     for t in snapshot.due_timers:
@@ -242,28 +253,20 @@ def process_shard(
             except Exception as exc:
                 what = f"record {r.id!r} (timestamp {r.timestamp})"
                 if point is None:
-                    raise _user_error(name, key, what, exc) from exc
+                    raise user_error(name, key, what, exc) from exc
                 ctx.rollback(point)
-                ctx.dead_letter(_dead_letter(name, key, what, exc, r.stream, r.value, r.id), r.timestamp)
+                ctx.dead_letter(dead_letter_value(name, key, what, exc, r.stream, r.value, r.id), r.timestamp)
                 counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
         ctx.low_watermark = w_after
         while timers:
-            timer = _next_due(timers, w_after, wall)
+            timer = next_due(timers, w_after, wall)
             if timer is None:
                 break
             ctx.fired(timer)
             counters["timers_fired"] += 1
             ctx._timestamp = timer.timestamp
-            point = ctx.savepoint() if dead_letters else None
-            try:
-                process_timer(ctx, Timer(timer.tag, timer.timestamp, timer.domain))
-            except Exception as exc:
-                what = f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}"
-                if point is None:
-                    raise _user_error(name, key, what, exc) from exc
-                ctx.rollback(point)
-                ctx.dead_letter(_dead_letter(name, key, what, exc, None, None, None), timer.timestamp)
-                counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
+            invoke_on_timer(ctx, name, timer, lambda t=timer: process_timer(ctx, Timer(t.tag, t.timestamp, t.domain)),
+                            f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}", counters, dead_letters)
         write = ctx.finish_key()
         if write is not None:
             state_writes.append(write)
@@ -279,7 +282,7 @@ def process_shard(
         timer_sets=ctx.timer_sets,
         timer_deletes=ctx.timer_deletes,
         seen_ids=seen_ids,
-        forget_ids_before=_forget_before(w_after, options),
+        forget_ids_before=forget_before(w_after, options),
         productions=ctx._productions,
         input_watermark=w_after,
         output_watermark=output_low_watermark(snapshot.output_watermark, w_after),
@@ -291,20 +294,35 @@ def process_shard(
     )
 
 
-def _forget_before(watermark: int, options: ComputationOptions) -> int | None:
+def invoke_on_timer(ctx: KeyContext, name: str, timer: DueTimer, call: Callable[[], None], what: str,
+                    counters: dict[str, int], dead_letters: bool) -> None:
+    """One invocation of user code for a fired timer: an exception fails the batch, or, with dead
+    letters, everything the invocation did is undone and the timer goes to the dead-letter stream."""
+    point = ctx.savepoint() if dead_letters else None
+    try:
+        call()
+    except Exception as exc:
+        if point is None:
+            raise user_error(name, ctx.key, what, exc) from exc
+        ctx.rollback(point)
+        ctx.dead_letter(dead_letter_value(name, ctx.key, what, exc, None, None, None), timer.timestamp)
+        counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
+
+
+def forget_before(watermark: int, options: ComputationOptions) -> int | None:
     """Seen ids older than the low watermark minus the slack are garbage: such records are late anyway."""
     if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
         return None
     return watermark - options.dedup_slack_ms
 
 
-def _dead_letter(name: str, key: str, what: str, exc: Exception, stream: str | None, value: Any,
+def dead_letter_value(name: str, key: str, what: str, exc: Exception, stream: str | None, value: Any,
                  record_id: str | None) -> dict[str, Any]:
     return {"computation": name, "key": key, "at": what, "stream": stream, "record_id": record_id,
             "value": value, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:
+def user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:
     retried = "the batch was not committed and will be retried from its committed point"
     if isinstance(exc, UserCodeError):
         return exc  # already names the computation and key

@@ -5,15 +5,18 @@
       └──────abort───────┴──► ABORTED
     OPEN ──already committed by an earlier attempt──► REDELIVERED
 
+Prepared transactions of several shards may commit together (``commit_together``: one store
+transaction, each shard's outcome written whole or refused on its own).
+
 A shard's version is the last batch it committed; versions only move forward.
 """
 
 from __future__ import annotations
 
 import enum
-from ..errors import StaleBatchError
+from ..errors import StaleBatchError, StoreError
 from .batch import Production, ShardCommit
-from .ports import ShardStore
+from .ports import IntervalStore, ShardStore
 
 __all__ = ["TxState", "ShardTransaction"]
 
@@ -85,3 +88,22 @@ class ShardTransaction:
 
     def abort(self) -> None:
         self._move(TxState.ABORTED)
+
+    @staticmethod
+    def commit_together(store: IntervalStore, txns: list["ShardTransaction"]) -> list[StoreError | None]:
+        """Commit prepared transactions of several shards in one store transaction; each one the
+        store refuses (fenced, stale) is aborted, and its error returned in its place."""
+        for t in txns:
+            if t.state is not TxState.PREPARED or t.commit_record is None:
+                raise RuntimeError(f"shard transaction cannot commit from {t.state.value}: prepare(commit) first")
+        try:
+            failures = store.commit_shards([t.commit_record for t in txns if t.commit_record is not None])
+        except BaseException:
+            for t in txns:
+                t._move(TxState.ABORTED)
+            raise
+        for t, failure in zip(txns, failures):
+            t._move(TxState.ABORTED if failure is not None else TxState.COMMITTED)
+            if failure is None and t.commit_record is not None:
+                t.productions = t.commit_record.productions
+        return failures

@@ -1,6 +1,8 @@
 """Continuous mode's worker loop (docs/architecture.md §4.2): a long-lived process that owns key
 intervals under leases and runs the one batch path for an interval as soon as it has new input,
-a due timer or a watermark that moved.
+a due timer or a watermark that moved. The batches of one pass over its intervals commit
+together, in one transaction: under load that is one write-lock wait and one commit for many
+intervals, and when idle a pass has one batch and commits it at once.
 
 An interval of computation ``C`` publishes on the bus as producer ``C/<interval>``: each of its
 commits is a batch of that producer, journaled with the interval's watermarks in the same
@@ -17,11 +19,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..errors import BadInputError, FencedWriterError, StaleBatchError
-from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor
+from ..errors import BadInputError, FencedWriterError, StaleBatchError, StoreError
+from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
 from .batch import InputRecord, ShardBatch, shard_of
+from .monoid import Folder, fold_streams
 from .ports import IntervalClaim, IntervalStore
-from .runner import DedupCache, run_shard_batch
+from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
 from .watermark import input_low_watermark
 
 __all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
@@ -48,6 +51,10 @@ class IntervalPlan:
     inputs: Mapping[str, KeyExtractor]
     producers: Mapping[str, tuple[str, ...]]
     dedup_streams: frozenset[str] = frozenset()
+
+    @property
+    def fold_streams(self) -> frozenset[str]:
+        return fold_streams(self.inputs, self.dedup_streams)
 
     @property
     def all_producers(self) -> list[str]:
@@ -133,11 +140,12 @@ class Worker:
             self.release_all()
 
     def step(self) -> bool:
-        """One pass: every owned interval with work runs one batch. True if any did."""
+        """One pass: every owned interval with work runs one batch, and the pass's batches commit
+        together in one transaction. True if any did."""
         producers = sorted({p for plan in self.plans for p in plan.all_producers})
         heads = self.store.latest_batches(producers)
         wall = self.clock()
-        worked = False
+        ready: list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]] = []
         for plan in self.plans:
             owned = self.owned[plan.name]
             if not owned:
@@ -146,45 +154,64 @@ class Worker:
             for interval in owned.values():
                 groups.setdefault(tuple(sorted(interval.positions.items())), []).append(interval)
             for positions, intervals in groups.items():
-                worked |= self._advance(plan, dict(positions), intervals, heads, wall)
-        return worked
+                ready.extend(self._prepare(plan, dict(positions), intervals, heads, wall))
+        if not ready:
+            return False
+        outcomes = commit_together(self.store, [prepared for *_, prepared in ready])
+        for (plan, interval, batch, _), outcome in zip(ready, outcomes):
+            if isinstance(outcome, StoreError):
+                self._lose(plan, interval, outcome)
+            else:
+                self._advanced(interval, batch)
+        return True
 
-    def _advance(self, plan: IntervalPlan, positions: dict[str, int], intervals: list[OwnedInterval],
-                 heads: dict[str, int], wall: int) -> bool:
+    def _prepare(self, plan: IntervalPlan, positions: dict[str, int], intervals: list[OwnedInterval],
+                 heads: dict[str, int], wall: int) -> list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]]:
         target = {p: max(heads.get(p, 0), positions.get(p, 0)) for p in plan.all_producers}
-        records, rejected = self._read(plan, positions, target, {i.shard for i in intervals})
+        code = self.code[plan.name]
+        folders = ({i.shard: Folder(code, plan.name, i.claim.input_watermark) for i in intervals}
+                   if isinstance(code, MonoidComputation) else {})  # a monoid's records are folded as they are read
+        records, rejected = self._read(plan, positions, target, {i.shard for i in intervals}, folders)
         watermark = min((input_low_watermark([self._watermark_at(p, target[p]) for p in producers],
                                              plan.options.percentile(stream))
                          for stream, producers in plan.producers.items()), default=END_OF_TIME)
         due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
-        worked = False
+        ready = []
         for interval in intervals:
             before = interval.claim.input_watermark
             after = max(before, watermark)
             mine = records.get(interval.shard, [])
+            folder = folders.get(interval.shard)
+            partials = folder.partials() if folder is not None else []
             bad = rejected if interval.shard == 0 else []
-            if not (mine or bad or interval.shard in due or after != before or target != interval.positions):
+            if not (partials or mine or bad or interval.shard in due or after != before or target != interval.positions):
                 continue
             batch = ShardBatch(plan.name, interval.shard, interval.version + 1, mine, before, after, wall,
                                interval.claim.sequencer, plan.dedup_streams, bad, positions=dict(target),
-                               journal_as=interval_producer(plan.name, interval.shard))
+                               journal_as=interval_producer(plan.name, interval.shard), partials=partials)
             try:
-                result = run_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store,
-                                         batch, self.dedup)
-                if result.redelivered:  # a newer owner committed this very batch: the interval is theirs
+                prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
+                                               self.dedup)
+                if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
                     raise StaleBatchError(f"Interval {interval.shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,
                                           hint="this worker drops the interval and goes on")
             except (FencedWriterError, StaleBatchError) as exc:
-                del self.owned[plan.name][interval.shard]  # another worker owns it now: its writes win
-                self.fenced.append((plan.name, interval.shard, type(exc).__name__))
-                if self.on_fenced is not None:
-                    self.on_fenced(plan.name, interval.shard, exc)
+                self._lose(plan, interval, exc)
                 continue
-            interval.claim = interval.claim._replace(version=batch.batch, input_watermark=after)
-            interval.positions = dict(target)
-            worked = True
-        return worked
+            ready.append((plan, interval, batch, prepared))
+        return ready
+
+    def _advanced(self, interval: OwnedInterval, batch: ShardBatch) -> None:
+        interval.claim = interval.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
+        interval.positions = dict(batch.positions or {})
+
+    def _lose(self, plan: IntervalPlan, interval: OwnedInterval, exc: Exception) -> None:
+        """Another worker owns the interval now: its writes win, this one drops it."""
+        self.owned[plan.name].pop(interval.shard, None)
+        self.fenced.append((plan.name, interval.shard, type(exc).__name__))
+        if self.on_fenced is not None:
+            self.on_fenced(plan.name, interval.shard, exc)
 
     def _watermark_at(self, producer: str, batch: int) -> int:
         """The output watermark ``producer`` journaled with ``batch`` (immutable once journaled)."""
@@ -200,15 +227,18 @@ class Worker:
             self._watermarks[key] = mark
         return mark
 
-    def _read(self, plan: IntervalPlan, positions: dict[str, int], target: dict[str, int],
-              shards: set[int]) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
-        """New records of every subscription, keyed for ``plan``; only those of ``shards`` are kept."""
+    def _read(self, plan: IntervalPlan, positions: dict[str, int], target: dict[str, int], shards: set[int],
+              folders: dict[int, Folder]) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
+        """New records of every subscription, keyed for ``plan``; only those of ``shards`` are kept,
+        and of those, the ones a shard's folder takes (a monoid's) are folded instead."""
         by_shard: dict[int, list[InputRecord]] = {}
         rejected: list[InputRecord] = []
         n = plan.options.shards
         dead_letters = plan.options.on_error == "dead_letter"
+        fold = plan.fold_streams
         for stream, producers in plan.producers.items():
             extractor = plan.inputs[stream]
+            stream_folders = folders if stream in fold else {}
             for producer in producers:
                 after, upto = positions.get(producer, 0), target[producer]
                 if upto <= after:
@@ -229,6 +259,9 @@ class Worker:
                         continue
                     shard = shard_of(key, n)
                     if shard in shards:
+                        folder = stream_folders.get(shard)
+                        if folder is not None and folder.add(key, r.value, r.timestamp, r.id):
+                            continue
                         by_shard.setdefault(shard, []).append(InputRecord(stream, key, r.value, r.timestamp, r.id))
         return by_shard, rejected
 

@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Iterator, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
-from ..errors import OptionError, UserCodeError
+from ..errors import FencedWriterError, OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
@@ -56,8 +56,8 @@ def plans_of(topology: Topology) -> list[IntervalPlan]:
             for spec in topology.computations.values()]
 
 
-def _worker_task(url: str, plans: list[IntervalPlan], slots: int, run_id: str, lease_ms: int,
-                 poll_ms: float) -> Any:
+def _worker_task(url: str, plans: list[IntervalPlan], slots: int, run_id: str, driver: tuple[str, str],
+                 lease_ms: int, poll_ms: float) -> Any:
     def task(index: int, _: Iterator[Any]) -> Iterator[str]:
         from pyspark import TaskContext
 
@@ -78,7 +78,9 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, run_id: str, l
                 # the driver asked, or the executor that started this process is gone (a worker loop
                 # never talks to it, so it would not notice otherwise and would renew its leases forever)
                 checked["at"] = now
-                checked["stop"] = store.get_meta(stop_key) is not None or os.getppid() != parent
+                # or a newer driver of the topology took over
+                checked["stop"] = (store.get_meta(stop_key) is not None or os.getppid() != parent
+                                   or store.get_meta(driver[0]) != driver[1])
             return bool(checked["stop"])
 
         def fenced(computation: str, interval: int, exc: Exception) -> None:
@@ -108,6 +110,7 @@ class ContinuousRunner:
         self.master, self.spark, self.progress, self.progress_every_s = master, spark, progress, progress_every_s
         self.lease_ms, self.poll_ms, self.workers, self.authority_every_ms = lease_ms, poll_ms, workers, authority_every_ms
         self.run_id = uuid.uuid4().hex[:12]
+        self.driver = (f"driver:{topology.name}", uuid.uuid4().hex[:12])  # (meta key, this driver's id)
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
         self.resubmissions = 0
@@ -126,6 +129,7 @@ class ContinuousRunner:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
         _pickle_user_code_by_value(self.topology)
         claim_mode(self.store, self.topology.name, "continuous")
+        self.store.put_meta(*self.driver)  # the newest driver of a topology is its only one; older ones stop
         for spec in self.topology.computations.values():
             self.store.register(spec.name, spec.options.shards)
         for stream in sorted(self.topology.streams()):
@@ -227,7 +231,7 @@ class ContinuousRunner:
             slots = self.slots()
             sc.setJobGroup(JOB_GROUP, f"headrace {self.topology.name}: {slots} continuous workers",
                            interruptOnCancel=True)
-            task = _worker_task(self.url, plans, slots, run_id, self.lease_ms, self.poll_ms)
+            task = _worker_task(self.url, plans, slots, run_id, self.driver, self.lease_ms, self.poll_ms)
             try:
                 sc.parallelize(range(slots), slots).mapPartitionsWithIndex(task).collect()
             except Exception as exc:  # a failed worker: its intervals' leases lapse, a new job takes them
@@ -268,6 +272,12 @@ class ContinuousRunner:
         (the watermarks each interval journaled with its last commit). An interval that never
         committed holds it at the beginning of time."""
         store = store or self.store
+        current = store.get_meta(self.driver[0])
+        if current != self.driver[1]:
+            raise FencedWriterError(f"Driver {self.driver[1]} of topology {self.topology.name!r} was superseded",
+                                    got=f"newer driver {current}",
+                                    hint="another run of this topology took over its store; this process is a zombie "
+                                         "and stops (its workers' writes are refused)")
         for spec in self.topology.computations.values():
             if spec.name in self.removed:
                 continue

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ..engine import shard_of
+from ..engine.monoid import Folder
 from ..errors import BadInputError
-from ..model import KeyExtractor
+from ..model import KeyExtractor, MonoidComputation
 
-__all__ = ["Keying", "SOURCE_SCHEMA", "KEYED_SCHEMA", "KEYED_DDL", "ddl", "RECORD", "CONTROL", "REJECTED", "partition_labels",
+__all__ = ["Keying", "SOURCE_SCHEMA", "KEYED_SCHEMA", "KEYED_DDL", "ddl", "RECORD", "CONTROL", "REJECTED", "PARTIAL",
+           "partition_labels",
            "spark_hash_int"]
 
-RECORD, CONTROL, REJECTED = 0, 1, 2
+RECORD, CONTROL, REJECTED, PARTIAL = 0, 1, 2, 3  # PARTIAL: a monoid's (aggregate, records) of a key and window
 # A consumer's input row, as the source reads it (no shard yet); keying adds the shard and the
 # partition label that sends it to its shard's task.
 SOURCE_SCHEMA = pa.schema([
@@ -84,9 +86,29 @@ class Keying:
     extractors: dict[str, KeyExtractor]
     shards: int
     dead_letters: bool = False
+    monoid: MonoidComputation | None = None  # a monoid computation: records are folded in the read
+    fold_streams: frozenset[str] = frozenset()  # the streams it folds (not those whose ids are checked)
 
     def __post_init__(self) -> None:
         self.labels = partition_labels(self.shards)
+
+    def folder(self, watermark_before: int) -> Folder | None:
+        """A Folder for one read task of a monoid computation; None for any other computation."""
+        return None if self.monoid is None else Folder(self.monoid, self.computation, watermark_before)
+
+    def partial_rows(self, folder: Folder) -> pa.RecordBatch:
+        """The read task's partial aggregates, one row each, keyed and bound to their shard."""
+        parts = folder.partials()
+        n = len(parts)
+        shard_ids = [shard_of(p.key, self.shards) for p in parts]
+        zeros = pa.array([0] * n, pa.int64())
+        return pa.RecordBatch.from_arrays([
+            pa.array([PARTIAL] * n, pa.int8()), pa.array([None] * n, pa.string()),
+            pa.array([p.key for p in parts], pa.string()),
+            pa.array([pickle.dumps((p.aggregate, p.records)) for p in parts], pa.binary()),
+            pa.array([p.window for p in parts], pa.int64()), pa.array([None] * n, pa.string()),
+            pa.array(shard_ids, pa.int32()), pa.array([self.labels[i] for i in shard_ids], pa.int32()),
+            zeros, zeros, zeros], schema=KEYED_SCHEMA)
 
     def to_option(self) -> str:
         from pyspark import cloudpickle
@@ -97,9 +119,12 @@ class Keying:
     def from_option(text: str) -> "Keying":
         return pickle.loads(base64.b64decode(text))
 
-    def apply(self, rb: pa.RecordBatch) -> pa.RecordBatch:
-        """Rows of the source (no key yet) -> keyed rows; a control row becomes one per shard."""
+    def apply(self, rb: pa.RecordBatch, folder: Folder | None = None) -> pa.RecordBatch:
+        """Rows of the source (no key yet) -> keyed rows; a control row becomes one per shard. With
+        a ``folder``, the records it folds leave no row (``partial_rows`` sends their aggregates)."""
         loads = pickle.loads
+        fold = folder.add if folder is not None else None
+        stamps = rb.column("timestamp").to_pylist() if fold is not None else []
         kinds = rb.column("kind").to_pylist()
         streams, values, ids = rb.column("stream").to_pylist(), rb.column("value").to_pylist(), rb.column("id").to_pylist()
         take: list[int] = []
@@ -132,6 +157,8 @@ class Keying:
                 take.append(i)
                 keys.append("")
                 shard_ids.append(0)
+                continue
+            if fold is not None and stream in self.fold_streams and fold(key, value, stamps[i], ids[i]):
                 continue
             take.append(i)
             keys.append(key)

@@ -19,13 +19,14 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
 
-from ..engine import DedupCache, InputRecord, ShardBatch, finish_batch, run_shard_batch
+from ..engine import DedupCache, InputRecord, Partial, ShardBatch, finish_batch, run_shard_batch
+from ..engine.monoid import fold_streams
 from ..errors import UserCodeError
-from ..model import BEGINNING_OF_TIME
+from ..model import BEGINNING_OF_TIME, MonoidComputation
 from ..store import open_store, shared_store
 from ..store.monitoring import WHOLE_COMPUTATION
 from ..topology import ComputationSpec, Topology
-from .keying import CONTROL, KEYED_SCHEMA, REJECTED, Keying, ddl
+from .keying import CONTROL, KEYED_SCHEMA, PARTIAL, REJECTED, Keying, ddl
 
 __all__ = ["ComputationQuery", "QueryStats"]
 
@@ -52,6 +53,7 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
         shards_col = table.column("shard").to_numpy()
         starts = [0, *(int(i) + 1 for i in (shards_col[1:] != shards_col[:-1]).nonzero()[0]), len(shards_col)]
         per_shard: dict[int, list[InputRecord]] = {}
+        partials: dict[int, list[Partial]] = {}
         rejected: dict[int, list[InputRecord]] = {}
         control: dict[int, tuple[int, int, int]] = {}
         for lo, hi in zip(starts, starts[1:]):
@@ -64,6 +66,8 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
                     control[shard] = (c.wm_before, c.wm_after, c.wall)  # type: ignore[attr-defined]
                 elif kind == REJECTED:
                     rejected[shard] = [r._replace(key="") for r in records]
+                elif kind == PARTIAL:
+                    partials[shard] = records
                 else:
                     per_shard[shard] = records
         store = shared_store(url)
@@ -72,7 +76,7 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
         for shard in sorted(control):
             wm_before, wm_after, wall = control[shard]
             batch = ShardBatch(name, shard, batch_no, per_shard.get(shard, []), wm_before, wm_after, wall,
-                               sequencer, dedup_streams, rejected.get(shard, []))
+                               sequencer, dedup_streams, rejected.get(shard, []), partials=partials.get(shard, []))
             result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP)
             rows["shard"].append(shard)
             rows["outcome"].append(result.state.value)
@@ -99,7 +103,10 @@ def _decode_rows(part: pa.Table, kinds: list[int]) -> dict[int, list[Any]]:
         while end < len(kinds) and kinds[end] == kind:
             end += 1
         rows = part.slice(start, end - start)
-        if kind == CONTROL:
+        if kind == PARTIAL:
+            out[kind] = [Partial(key, window, *pickle.loads(value)) for key, window, value in zip(
+                rows.column("key").to_pylist(), rows.column("timestamp").to_pylist(), rows.column("value").to_pylist())]
+        elif kind == CONTROL:
             out[kind] = [_Control(rows.column("wm_before")[0].as_py(), rows.column("wm_after")[0].as_py(),
                                   rows.column("wall")[0].as_py())]
         else:
@@ -146,8 +153,11 @@ class ComputationQuery:
     def start(self) -> None:
         import time
 
+        cls = self.spec.cls
         keying = Keying(self.spec.name, dict(self.spec.inputs), self.spec.options.shards,
-                        self.spec.options.on_error == "dead_letter")
+                        self.spec.options.on_error == "dead_letter",
+                        cls() if issubclass(cls, MonoidComputation) else None,
+                        fold_streams(self.spec.inputs, self.dedup_streams))
         df = (self.spark.readStream.format("headrace")
               .option("store", self.url).option("computation", self.spec.name)
               .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from)

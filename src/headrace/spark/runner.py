@@ -42,12 +42,14 @@ def _pickle_user_code_by_value(topology: Topology) -> None:
     """Ship user classes and extractors to Python workers by value, not by an import they may lack."""
     from pyspark import cloudpickle
 
-    modules = {spec.cls.__module__ for spec in topology.computations.values()}
+    # the modules of a class's bases too: a computation may build on a class of another module
+    modules = {c.__module__ for spec in topology.computations.values() for c in spec.cls.__mro__}
     modules |= {getattr(getattr(e, "_fn", None), "__module__", None) or "headrace"
                 for spec in topology.computations.values() for e in spec.inputs.values()}
     for name in modules:
         module = sys.modules.get(name)
-        if module is None or name.startswith("headrace") or "site-packages" in (getattr(module, "__file__", "") or ""):
+        path = getattr(module, "__file__", None) or ""
+        if module is None or name.startswith("headrace") or not path or "site-packages" in path:
             continue
         if name != "__main__":
             try:
@@ -228,7 +230,8 @@ class SparkRunner:
 
         ``start``: ``"beginning"`` of its input streams, ``"now"``, or a time (ms since the epoch) to
         replay the batches its producers completed from then on. It applies to a new computation;
-        a known one resumes from its Spark checkpoint.
+        a known one resumes from its Spark checkpoint. It returns once the query has run its first
+        trigger, which is when it takes its starting point.
         """
         if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
             raise OptionError("A computation starts from 'beginning', 'now' or a time in ms since the epoch",
@@ -244,6 +247,10 @@ class SparkRunner:
                                  self.trigger_ms, str(start))
         query.start()
         self.queries[name] = query
+        while query.query is not None and query.query.isActive and query.query.lastProgress is None:
+            query.check()
+            time.sleep(0.02)
+        query.check()
         return query
 
     def remove(self, name: str) -> None:

@@ -42,6 +42,7 @@ class SegmentRange(InputPartition):
     after: int
     upto: int
     control: ControlPartition | None = None  # the batch's control row rides along with one range
+    wm_before: int = BEGINNING_OF_TIME  # the batch's input watermark before: a monoid's read folds no late record
 
 
 class HeadraceSource(DataSource):
@@ -128,7 +129,8 @@ class HeadraceReader(DataSourceStreamReader):
             # as many read tasks as cores: enough to read and key on all of them, and no more,
             # since every task costs a round trip to a Python worker whatever its size
             step = max(1, -(-(last - first) // self.parallelism))
-            parts.extend(SegmentRange(stream, producer, b, min(b + step, last)) for b in range(first, last, step))
+            parts.extend(SegmentRange(stream, producer, b, min(b + step, last), wm_before=control.wm_before)
+                         for b in range(first, last, step))
         if not parts:
             return [control]
         parts[0].control = control
@@ -144,9 +146,12 @@ class HeadraceReader(DataSourceStreamReader):
         if not isinstance(partition, SegmentRange):
             return
         store = shared_store(self.url)
+        folder = self.keying.folder(partition.wm_before)
         for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
             for rb in _as_source_batches(decode_segment(blob), partition.stream):
-                yield self.keying.apply(rb)
+                yield self.keying.apply(rb, folder)
+        if folder is not None and folder.slots:
+            yield self.keying.partial_rows(folder)
 
     def commit(self, end: dict) -> None:
         pass

@@ -3,7 +3,7 @@ SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps ro
 
 from __future__ import annotations
 
-__all__ = ["schema_statements", "NEWEST_TABLE"]
+__all__ = ["schema_statements", "NEWEST_TABLES"]
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS computations(
@@ -18,6 +18,10 @@ CREATE TABLE IF NOT EXISTS positions(
   PRIMARY KEY(computation, shard, producer)){TABLE};
 CREATE TABLE IF NOT EXISTS state(
   computation TEXT, key TEXT, value {BLOB} NOT NULL, PRIMARY KEY(computation, key)){TABLE};
+CREATE TABLE IF NOT EXISTS partials(
+  computation TEXT, key TEXT, window_end {INT}, batch {INT}, shard {INT} NOT NULL, value {BLOB} NOT NULL,
+  PRIMARY KEY(computation, key, window_end, batch)){TABLE};
+CREATE INDEX IF NOT EXISTS partials_by_shard ON partials(computation, shard);
 CREATE TABLE IF NOT EXISTS timers(
   computation TEXT, key TEXT, tag TEXT, shard {INT} NOT NULL, domain TEXT NOT NULL, timestamp {INT} NOT NULL,
   PRIMARY KEY(computation, key, tag)){TABLE};
@@ -47,8 +51,8 @@ CREATE TABLE IF NOT EXISTS samples(
   backlog {INT} NOT NULL, PRIMARY KEY(name, at)){TABLE}
 """
 
-# A store whose database lacks this table was made before the newest tables: create what is missing.
-NEWEST_TABLE = "samples"
+# A store whose database lacks one of these was made before the tables added last: create what is missing.
+NEWEST_TABLES = ("partials", "samples")
 
 _DIALECTS = {
     "sqlite": {"INT": "INTEGER", "BLOB": "BLOB", "TABLE": " WITHOUT ROWID"},

@@ -229,6 +229,23 @@ class SQLStore(MonitorQueries):
                     f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param)))
         return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1])
 
+    def load_partials(self, computation: str, shard: int,
+                      windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
+        """A monoid computation's delta rows of these (key, window) pairs (every pair of the shard: None)."""
+        if windows is None:
+            rows = self._all("SELECT key, window_end, value FROM partials WHERE computation = ? AND shard = ?",
+                             (computation, shard))
+        else:
+            condition, param = self._in_list("key", sorted({k for k, _ in windows}))
+            rows = self._all(f"SELECT key, window_end, value FROM partials WHERE computation = ? AND {condition}",
+                             (computation, param))
+        wanted = None if windows is None else set(windows)
+        out: dict[tuple[str, int], list[bytes]] = {}
+        for key, window, value in rows:
+            if wanted is None or (key, window) in wanted:
+                out.setdefault((key, int(window)), []).append(bytes(value))
+        return out
+
     def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]:
         condition, param = self._in_list("id", ids)
         return {r[0] for r in self._all(
@@ -258,7 +275,7 @@ class SQLStore(MonitorQueries):
         """Write one shard's batch outcome atomically, if the shard is still at ``c.base_version``
         and ``c.sequencer`` is still the computation's writer."""
         step = self._step
-        if not c.strong_productions and c.productions:
+        if not c.strong_productions and c.productions and c.journal_as is None:
             step("weak_productions")  # weak: productions go out first, in a transaction of their own
             with self._transaction():
                 self._check_shard_sequencer(c)
@@ -266,44 +283,78 @@ class SQLStore(MonitorQueries):
                 self._write_productions(c, resend=True)
         step("begin")
         with self._transaction():
-            step("check_sequencer")
-            self._check_shard_sequencer(c)
-            step("state")
-            self._xmany("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
-                        [(c.computation, k, v) for k, v in c.state_writes if v is not None])
-            self._xmany("DELETE FROM state WHERE computation = ? AND key = ?",
-                        [(c.computation, k) for k, v in c.state_writes if v is None])
-            step("timers")
-            self._xmany("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
-                        [(c.computation, k, t) for k, t in c.timer_deletes])
-            self._xmany("INSERT INTO timers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, tag) DO UPDATE "
-                        "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
-                        [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for t in c.timer_sets])
-            step("seen_ids")
-            if c.seen_ids:
-                self._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
-                            [(c.computation, c.shard, i, ts) for i, ts in c.seen_ids])
-            if c.forget_ids_before is not None:
-                self._x("DELETE FROM seen_ids WHERE computation = ? AND shard = ? AND timestamp < ?",
-                        (c.computation, c.shard, c.forget_ids_before))
-            step("productions")
-            if c.strong_productions:
-                self._write_productions(c)
-            step("counters")  # sorted: shards that commit at once take the counter rows' locks in one order
-            self._xmany("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(computation, name) "
-                        "DO UPDATE SET value = counters.value + excluded.value",
-                        [(c.computation, k, v) for k, v in sorted(c.counters.items())])
-            if c.positions:
-                self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
-                            "DO UPDATE SET batch = excluded.batch",
-                            [(c.computation, c.shard, p, b) for p, b in sorted(c.positions.items())])
-            step("version")
-            self._advance_version(c)
-            if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
-                self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
-                        (c.journal_as, c.batch, c.input_watermark, c.output_watermark, _now()))
+            self._write_commit(c)
             step("before_commit")
         step("after_commit")
+
+    def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
+        """Several key intervals' outcomes in one transaction (a continuous worker's pass: one
+        write-lock wait and one commit instead of one per interval). Each is written whole or, when
+        its own commit would be refused (fenced, stale), not at all while the others are written:
+        the failure is returned in its place. Productions are written in the commit whether strong
+        or weak: an interval's productions reach consumers through its journal row, which this
+        commit writes, so sending weak ones ahead could not make them visible any sooner."""
+        failures: list[StoreError | None] = [None] * len(commits)
+        self._step("begin")
+        with self._transaction():
+            # in one order, so that two workers' passes take PostgreSQL's row locks without deadlocking
+            for i in sorted(range(len(commits)), key=lambda i: (commits[i].computation, commits[i].shard)):
+                self._x("SAVEPOINT interval_commit")
+                try:
+                    self._write_commit(commits[i])
+                except (FencedWriterError, StaleBatchError) as exc:
+                    self._x("ROLLBACK TO SAVEPOINT interval_commit")
+                    failures[i] = exc
+                self._x("RELEASE SAVEPOINT interval_commit")
+            self._step("before_commit")
+        self._step("after_commit")
+        return failures
+
+    def _write_commit(self, c: ShardCommit) -> None:
+        step = self._step
+        step("check_sequencer")
+        self._check_shard_sequencer(c)
+        step("state")
+        self._xmany("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
+                    [(c.computation, k, v) for k, v in c.state_writes if v is not None])
+        self._xmany("DELETE FROM state WHERE computation = ? AND key = ?",
+                    [(c.computation, k) for k, v in c.state_writes if v is None])
+        # monoid partials merge without reading: a delta row per (key, window) and batch; a
+        # batch written twice (possible only without exactly-once's version check) adds nothing
+        self._xmany("DELETE FROM partials WHERE computation = ? AND key = ? AND window_end = ? AND batch < ?",
+                    [(c.computation, k, w, c.batch) for k, w in c.partial_deletes])
+        self._xmany("INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(computation, key, window_end, batch) DO NOTHING",
+                    [(c.computation, k, w, c.batch, c.shard, v) for k, w, v in c.partial_writes])
+        step("timers")
+        self._xmany("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
+                    [(c.computation, k, t) for k, t in c.timer_deletes])
+        self._xmany("INSERT INTO timers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, tag) DO UPDATE "
+                    "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
+                    [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for t in c.timer_sets])
+        step("seen_ids")
+        if c.seen_ids:
+            self._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
+                        [(c.computation, c.shard, i, ts) for i, ts in c.seen_ids])
+        if c.forget_ids_before is not None:
+            self._x("DELETE FROM seen_ids WHERE computation = ? AND shard = ? AND timestamp < ?",
+                    (c.computation, c.shard, c.forget_ids_before))
+        step("productions")
+        if c.strong_productions or c.journal_as is not None:
+            self._write_productions(c)
+        step("counters")  # sorted: shards that commit at once take the counter rows' locks in one order
+        self._xmany("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(computation, name) "
+                    "DO UPDATE SET value = counters.value + excluded.value",
+                    [(c.computation, k, v) for k, v in sorted(c.counters.items())])
+        if c.positions:
+            self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
+                        "DO UPDATE SET batch = excluded.batch",
+                        [(c.computation, c.shard, p, b) for p, b in sorted(c.positions.items())])
+        step("version")
+        self._advance_version(c)
+        if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
+            self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
+                    (c.journal_as, c.batch, c.input_watermark, c.output_watermark, _now()))
 
     def _write_productions(self, c: ShardCommit, resend: bool = False) -> None:
         """Strong: the batch's segment, in the shard's commit. Weak (``resend``): sent ahead of the

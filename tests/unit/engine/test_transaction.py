@@ -161,3 +161,41 @@ def test_prepare_refuses_a_commit_of_another_batch_or_base_version(batch: int, b
         txn.prepare(commit_for(txn, batch=batch, base_version=base_version))
     assert txn.state is TxState.OPEN
     assert txn.commit_record is None
+
+
+class GroupStore:
+    """What ``commit_together`` needs of a store: ``commit_shards``, refusing some commits or all."""
+
+    def __init__(self, refuse: dict[int, StoreError] | None = None, fail: BaseException | None = None) -> None:
+        self.refuse, self.fail = refuse or {}, fail
+
+    def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
+        if self.fail is not None:
+            raise self.fail
+        return [self.refuse.get(c.shard) for c in commits]
+
+
+def prepared(shard: int) -> ShardTransaction:
+    txn = ShardTransaction("Counter", shard, 5, 4)
+    txn.prepare(ShardCommit("Counter", shard, 5, 4, sequencer=1, productions=list(PRODUCED)))
+    return txn
+
+
+def test_transactions_committed_together_end_each_in_its_own_state() -> None:
+    refused = StaleBatchError("Shard 1 moved", got=5)
+    txns = [prepared(0), prepared(1)]
+    assert ShardTransaction.commit_together(GroupStore({1: refused}), txns) == [None, refused]  # type: ignore[arg-type]
+    assert [t.state for t in txns] == [TxState.COMMITTED, TxState.ABORTED]
+    assert (txns[0].productions, txns[1].productions) == (PRODUCED, [])
+
+
+def test_a_group_commit_that_fails_aborts_every_transaction_and_raises() -> None:
+    txns = [prepared(0), prepared(1)]
+    with pytest.raises(KeyboardInterrupt):
+        ShardTransaction.commit_together(GroupStore(fail=KeyboardInterrupt()), txns)  # type: ignore[arg-type]
+    assert [t.state for t in txns] == [TxState.ABORTED, TxState.ABORTED]
+
+
+def test_only_prepared_transactions_commit_together() -> None:
+    with pytest.raises(RuntimeError, match=exact("shard transaction cannot commit from open: prepare(commit) first")):
+        ShardTransaction.commit_together(GroupStore(), [prepared(0), transaction()])  # type: ignore[arg-type]

@@ -104,3 +104,16 @@ def test_a_metrics_port_must_be_a_port_number(bad: Any) -> None:
             f"metrics_port must be a TCP port number (0 picks a free one) or None (got {bad!r}). "
             "Hint: e.g. metrics_port=9108, then scrape http://<driver host>:9108/metrics")):
         check_metrics_port(bad)
+
+
+def test_the_status_text_has_a_line_per_stage_and_one_per_alert() -> None:
+    from headrace.monitor.show import status_text
+
+    h = harness()
+    h.store.add_event("Tally", "alert", 1_000, json.dumps({"threshold_ms": 500, "lag_ms": 2_500,
+                                                           "output_watermark": 0}))
+    lines = status_text(headrace.status(h.store.url, now_ms=3_000)).splitlines()
+    assert lines[0] == f"headrace status of {h.store.url} at 1970-01-01 00:00:03.000Z"
+    assert lines[2].split()[:2] == ["Tally", "beginning"]
+    assert lines[3] == ("ALERT Tally: watermark 2.5s behind the wall clock (alert_lag_ms=500) since "
+                        "1970-01-01 00:00:01.000Z")

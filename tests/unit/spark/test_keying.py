@@ -12,9 +12,11 @@ import pytest
 from headrace import key_by
 from headrace.engine import shard_of
 from headrace.errors import BadInputError
-from headrace.spark.keying import (CONTROL, KEYED_SCHEMA, RECORD, REJECTED, Keying, partition_labels,
+from headrace.spark.keying import (CONTROL, KEYED_SCHEMA, PARTIAL, RECORD, REJECTED, Keying, partition_labels,
                                    spark_hash_int)
 from headrace.spark.source import SOURCE_SCHEMA
+
+from ...monoids import Adding
 
 # Spark's own org.apache.spark.unsafe.hash.Murmur3_x86_32.hashInt(value, 42), run from the
 # spark-unsafe jar PySpark ships (hashLong gives other values: hashLong(0, 42) is -1670924195).
@@ -154,3 +156,32 @@ def test_partition_labels_send_each_shard_alone_to_its_own_partition(shards: int
 def test_partition_labels_of_four_shards() -> None:
     """Also derived from Spark's Murmur3_x86_32.hashInt with Math.floorMod (Spark's pmod)."""
     assert partition_labels(4) == [12, 6, 2, 0]
+
+
+class CountPerUser(Adding):
+    def window(self, record: Any) -> int:
+        return record.timestamp - record.timestamp % 10 + 10
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("counts", aggregate)
+
+
+def test_a_monoid_read_folds_its_records_into_one_row_per_key_and_window() -> None:
+    k = Keying("Counter", {"events": key_by("user"), "clicks": key_by("user")}, 4, False, CountPerUser(),
+               frozenset({"events"}))  # clicks: ids checked, so never folded
+    folder = k.folder(watermark_before=1003)
+    rows = [record(u, n) for n, u in enumerate(USERS * 3)]  # timestamps 1000..1017: ana 1000, 1006, 1012, ...
+    out = k.apply(source_rows(*rows, record("ana", 40, stream="clicks")), folder).to_pylist()
+    late = [r["id"] for r in rows if r["timestamp"] < 1003]
+    assert [r["id"] for r in out] == [*late, "e-40"]  # late records and the checked stream travel alone
+    assert {r["kind"] for r in out} == {RECORD}
+    partials = k.partial_rows(folder).to_pylist()
+    assert all(p["kind"] == PARTIAL and p["shard"] == shard_of(p["key"], 4) for p in partials)
+    folded = {(p["key"], p["timestamp"]): pickle.loads(p["value"]) for p in partials}
+    expected: dict[tuple[str, int], int] = {}
+    for r in rows:
+        if r["timestamp"] >= 1003:
+            w = (r["value"]["user"], r["timestamp"] - r["timestamp"] % 10 + 10)
+            expected[w] = expected.get(w, 0) + 1
+    assert folded == {w: (n, n) for w, n in expected.items()}  # (aggregate, records)
+    assert Keying("Plain", {"events": key_by("user")}, 4).folder(0) is None

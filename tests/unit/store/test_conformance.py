@@ -205,6 +205,38 @@ def test_a_fenced_writer_commits_nothing(store: Any, reopen: Any, writer: int, s
     assert newer.shard_versions(C)[0] == 1
 
 
+def test_commits_made_together_are_each_written_whole_or_refused_alone(store: Any, writer: int) -> None:
+    store.commit_shard(make_commit(1, 0, writer, state_writes=[("a", b"first")], counters={"records": 1}))
+    # shard 0's second attempt of batch 1 is stale: it fails at its version check, after its writes
+    stale = make_commit(1, 0, writer, state_writes=[("a", b"stale"), ("gone", b"x")], counters={"records": 5},
+                        timer_sets=[DueTimer("a", "t", "watermark", 7)],
+                        productions=[Production("out", "a", {"n": 0}, 10, pid(1, 9))])
+    fresh = make_commit(1, 0, writer, shard=1, state_writes=[("b", b"fresh")], counters={"records": 2},
+                        productions=[Production("out", "b", {"n": 2}, 10, pid(1, 1, shard=1))], strong_productions=False,
+                        journal_as=f"{C}/1", input_watermark=5, output_watermark=5)
+    failures = store.commit_shards([stale, fresh])
+    assert failures[1] is None
+    expected = ("Shard 0 of 'counter' moved from version 0 to 1 while batch 1 ran (got 1). "
+                "Hint: another attempt committed first; this attempt's outcome is discarded, re-read the shard")
+    assert isinstance(failures[0], StaleBatchError) and str(failures[0]) == expected
+    assert (store.state(C, "a"), store.state(C, "gone"), store.state(C, "b")) == (b"first", None, b"fresh")
+    assert store.timers(C, "a") == [] and store.counters(C) == {"records": 3}
+    assert store.shard_versions(C) == {0: 1, 1: 1}
+    # an interval's weak productions are written in its commit, with its journal row
+    assert [r.id for _, r in store.read_segments("out", f"{C}/1", 0, 10)] == [pid(1, 1, shard=1)]
+    assert [(b.batch, b.output_watermark) for b in store.batches(f"{C}/1")] == [(1, 5)]
+
+    # a newer owner took shard 1: the old owner's commit of it is refused, its commit of shard 0 is not
+    claim = store.claim_interval(C, 1, "newer", 0, 10**15)
+    assert claim is not None
+    failures = store.commit_shards([make_commit(2, 1, writer, state_writes=[("a", b"second")]),
+                                    make_commit(2, 1, writer, shard=1, state_writes=[("b", b"zombie")])])
+    assert failures[0] is None and isinstance(failures[1], FencedWriterError)
+    assert str(failures[1]).startswith(f"Writer of 'counter' with sequencer {writer} was fenced off: the store's "
+                                       f"sequencer is {claim.sequencer} (got {writer}). Hint: a newer driver")
+    assert (store.state(C, "a"), store.state(C, "b")) == (b"second", b"fresh")
+
+
 # -- the watermark journal -----------------------------------------------------------------------------
 
 

@@ -1,0 +1,233 @@
+"""Monoid computations (docs/architecture.md §3.13): records folded into partial aggregates where
+they are read, and partials merged into the store as delta rows, without reading a key's old value.
+
+``Folder`` folds the records of one read (a micro-batch read task, a continuous worker's pass over
+an interval's new records) per key and window. ``process_monoid_shard`` is a monoid computation's
+``process_shard``: it folds the partials and the records that travelled alone, then, per key,
+sets a watermark timer per window, emits every window that is due (its stored delta rows, loaded
+for it, combined with the batch's part) and writes the batch's part of the others as new delta
+rows. Every ``COMPACT_EVERY``-th batch of a shard also folds each window's delta rows into one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from ..errors import UserCodeError
+from ..model import END_OF_TIME, ComputationOptions, MonoidComputation, Record, Timer
+from .batch import InputRecord, Partial, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
+from .shard import (KeyContext, dead_letter_value, drop_duplicates, forget_before, invoke_on_timer, new_counters,
+                    next_due, user_error)
+from .watermark import output_low_watermark
+
+__all__ = ["Folder", "fold_streams", "preaggregate", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]
+
+TAG = "monoid:"
+COMPACT_EVERY = 32  # a shard's every 32nd batch folds each window's delta rows into one
+
+
+def window_tag(window: int) -> str:
+    """The tag of the watermark timer that emits a window."""
+    return f"{TAG}{window}"
+
+
+def tag_window(tag: str) -> int | None:
+    return int(tag[len(TAG):]) if tag.startswith(TAG) else None
+
+
+def fold_streams(inputs: Iterable[str], dedup_streams: frozenset[str]) -> frozenset[str]:
+    """The input streams a monoid computation folds where it reads them: all but those whose record
+    ids are checked, since a partial no longer knows its records' ids (they are folded in the shard)."""
+    return frozenset(inputs) - dedup_streams
+
+
+class Folder:
+    """Folds records into one partial aggregate per (key, window), in the order they come."""
+
+    def __init__(self, monoid: MonoidComputation, name: str, watermark_before: int):
+        self.monoid, self.name, self.before = monoid, name, watermark_before
+        self._zero, self._lift, self._combine = monoid.zero, monoid.lift, monoid.combine
+        # one call less per record when the computation keeps the default window (one per key)
+        self._window = None if type(monoid).window is MonoidComputation.window else monoid.window
+        self.slots: dict[tuple[str, int], list[Any]] = {}  # (key, window) -> [aggregate, records]
+
+    def add(self, key: str, value: Any, timestamp: int, record_id: str) -> bool:
+        """Fold one record in. False when it must travel alone to its shard: it is late there (the
+        shard counts or delivers it), or ``window`` or ``lift`` raised or gave no integer window
+        (the shard raises that as a user error, or dead-letters the record)."""
+        if timestamp < self.before:
+            return False
+        record = Record(key, value, timestamp, record_id)
+        try:
+            window = END_OF_TIME if self._window is None else self._window(record)
+            part = self._lift(record)
+        except Exception:
+            return False
+        if type(window) is not int:
+            return False
+        slot = self.slots.get((key, window))
+        try:
+            if slot is None:
+                self.slots[(key, window)] = [self._combine(self._zero(), part), 1]
+            else:
+                slot[0] = self._combine(slot[0], part)
+                slot[1] += 1
+        except Exception as exc:
+            raise self._combine_failed(key, exc) from exc
+        return True
+
+    def combine(self, key: str, a: Any, b: Any) -> Any:
+        try:
+            return self._combine(a, b)
+        except Exception as exc:
+            raise self._combine_failed(key, exc) from exc
+
+    def _combine_failed(self, key: str, exc: Exception) -> UserCodeError:
+        # a half-done combine may have changed the aggregate: never dead-lettered
+        return UserCodeError(f"Monoid computation {self.name!r} failed in combine on key {key!r}",
+                             got_text=f"{type(exc).__name__}: {exc}",
+                             hint="combine(a, b) must accept any two aggregates; fix it and run again: "
+                                  "the batch was not committed")
+
+    def partials(self) -> list[Partial]:
+        return [Partial(key, window, aggregate, n) for (key, window), (aggregate, n) in self.slots.items()]
+
+
+def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRecord], watermark_before: int,
+                 streams: frozenset[str] | None = None) -> tuple[list[Partial], list[InputRecord]]:
+    """Fold ``records`` of ``streams`` (every stream: None) into partials; returns them and the
+    records that travel alone (other streams, late ones, and those ``Folder.add`` refused)."""
+    folder = Folder(monoid, name, watermark_before)
+    alone: list[InputRecord] = []
+    for r in records:
+        if (streams is not None and r.stream not in streams) or not folder.add(r.key, r.value, r.timestamp, r.id):
+            alone.append(r)
+    return folder.partials(), alone
+
+
+def process_monoid_shard(
+    computation: MonoidComputation,
+    name: str,
+    options: ComputationOptions,
+    outputs: frozenset[str] | None,
+    batch: ShardBatch,
+    snapshot: ShardSnapshot,
+    stored: dict[tuple[str, int], list[bytes]],
+    is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
+) -> ShardCommit:
+    """One shard batch of a monoid computation, uncommitted. ``stored`` holds the delta rows of
+    every due window (and, in a compacting batch, of every window of the shard)."""
+    counters = new_counters()
+    records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
+    w_before, w_after = batch.watermark_before, batch.watermark_after
+    ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark)
+    dead_letters = options.on_error == "dead_letter"
+    for bad in batch.rejected:
+        ctx.bind(bad.key, None, {})
+        ctx.dead_letter(bad.value, bad.timestamp)
+        counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
+
+    folder = Folder(computation, name, w_before)
+    for p in batch.partials:
+        slot = folder.slots.get((p.key, p.window))
+        if slot is None:
+            folder.slots[(p.key, p.window)] = [p.aggregate, p.records]
+        else:
+            slot[0] = folder.combine(p.key, slot[0], p.aggregate)
+            slot[1] += p.records
+        counters["records"] += p.records
+    for r in records:  # those that travelled alone: late, other streams, or refused by a Folder
+        if r.timestamp < w_before:
+            if options.late != "deliver":
+                counters["late_dropped"] += 1
+                continue
+            counters["late_delivered"] += 1
+        counters["records"] += 1
+        record = Record(r.key, r.value, r.timestamp, r.id)
+        try:
+            window = computation.window(record)
+            if type(window) is not int:
+                raise TypeError(f"window(record) returned {window!r} of type {type(window).__name__}, "
+                                "not integer milliseconds")
+            part = computation.lift(record)
+        except Exception as exc:
+            what = f"record {r.id!r} (timestamp {r.timestamp})"
+            if not dead_letters:
+                raise user_error(name, r.key, what, exc) from exc
+            ctx.bind(r.key, None, {})
+            ctx.dead_letter(dead_letter_value(name, r.key, what, exc, r.stream, r.value, r.id), r.timestamp)
+            counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
+            continue
+        slot = folder.slots.get((r.key, window))
+        if slot is None:
+            folder.slots[(r.key, window)] = [folder.combine(r.key, computation.zero(), part), 1]
+        else:
+            slot[0] = folder.combine(r.key, slot[0], part)
+            slot[1] += 1
+
+    by_key: dict[str, dict[int, Any]] = {}
+    for (key, window), (aggregate, _) in folder.slots.items():
+        by_key.setdefault(key, {})[window] = aggregate
+    timers_by_key: dict[str, dict[str, Any]] = {}
+    for t in snapshot.due_timers:
+        timers_by_key.setdefault(t.key, {})[t.tag] = t
+    for key in timers_by_key:
+        by_key.setdefault(key, {})
+    stored_by_key: dict[str, dict[int, list[bytes]]] = {}
+    for (key, window), rows in stored.items():
+        stored_by_key.setdefault(key, {})[window] = rows
+        by_key.setdefault(key, {})
+
+    decode, encode = options.codec.decode, ctx._encode
+    writes: list[tuple[str, int, bytes]] = []
+    deletes: list[tuple[str, int]] = []
+    for key, windows in by_key.items():
+        timers = timers_by_key.get(key, {})
+        ctx.bind(key, None, timers)
+        ctx.low_watermark = w_after
+        for window in windows:
+            ctx.set_timer(window_tag(window), window)
+        held = stored_by_key.get(key, {})
+        while timers:
+            timer = next_due(timers, w_after, batch.wall_clock)
+            if timer is None:
+                break
+            ctx.fired(timer)
+            counters["timers_fired"] += 1
+            window = tag_window(timer.tag)
+            if window is None:
+                continue  # not a window's timer (a monoid computation sets no others)
+            aggregate = computation.zero()
+            for raw in held.pop(window, []):
+                aggregate = folder.combine(key, aggregate, decode(raw))
+            if window in windows:
+                aggregate = folder.combine(key, aggregate, windows.pop(window))
+            deletes.append((key, window))
+            ctx._timestamp = timer.timestamp
+            invoke_on_timer(ctx, name, timer, lambda t=timer, a=aggregate: computation.emit(
+                ctx, Timer(t.tag, t.timestamp, t.domain), a), f"emit of window {window}", counters, dead_letters)
+        for window, rows in held.items():  # a compacting batch: each window's rows become one
+            if len(rows) + (window in windows) > 1:
+                aggregate = windows.pop(window, None)
+                aggregate = computation.zero() if aggregate is None else aggregate
+                for raw in rows:
+                    aggregate = folder.combine(key, aggregate, decode(raw))
+                deletes.append((key, window))
+                writes.append((key, window, encode(aggregate)))
+        for window, aggregate in windows.items():
+            writes.append((key, window, encode(aggregate)))
+        if ctx.finish_key() is not None:
+            raise UserCodeError(f"Monoid computation {name!r} set ctx.state for key {key!r}",
+                                got_text="a ctx.state assignment in emit",
+                                hint="a monoid computation's state is its aggregate: emit what it needs with "
+                                     "ctx.produce, or subclass Computation to keep state of your own")
+
+    counters["late_productions"] = ctx.late_productions
+    return ShardCommit(
+        computation=batch.computation, shard=batch.shard, batch=batch.batch, base_version=snapshot.version,
+        sequencer=batch.sequencer, timer_sets=ctx.timer_sets, timer_deletes=ctx.timer_deletes,
+        seen_ids=seen_ids, forget_ids_before=forget_before(w_after, options), productions=ctx._productions,
+        input_watermark=w_after, output_watermark=output_low_watermark(snapshot.output_watermark, w_after),
+        counters={k: v for k, v in counters.items() if v}, strong_productions=options.productions == "strong",
+        exactly_once=options.exactly_once, positions=batch.positions, journal_as=batch.journal_as,
+        partial_writes=writes, partial_deletes=deletes)

@@ -1,0 +1,90 @@
+"""A real Spark standalone cluster for tests: a master and workers started with the ``spark-class``
+script PySpark ships, each its own JVM, stopped (SIGTERM, then SIGKILL) when the block ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["Cluster", "standalone_cluster", "spark_class"]
+
+
+def spark_class() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "bin" / "spark-class"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    url: str
+    ui_port: int
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def alive_workers(self) -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
+            state = json.load(r)
+        return sum(w["state"] == "ALIVE" for w in state["workers"])
+
+
+@contextmanager
+def standalone_cluster(workers: int = 1, cores: int = 1, memory: str = "1g",
+                       logs: Path | None = None) -> Iterator[Cluster]:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "SPARK_NO_DAEMONIZE": "1"}
+    port, ui = _free_port(), _free_port()
+    out = (lambda name: open(logs / f"{name}.log", "wb")) if logs else (lambda name: subprocess.DEVNULL)
+    master = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(port), "--webui-port", str(ui)], env=env, stdout=out("master"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    cluster = Cluster(f"spark://127.0.0.1:{port}", ui)
+    procs = [master]
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                cluster.alive_workers()
+                break
+            except OSError:
+                if master.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"the Spark master did not start (exit {master.poll()})")
+                time.sleep(0.5)
+        for i in range(workers):
+            worker = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.worker.Worker", cluster.url,
+                                       "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
+                                       "--webui-port", str(_free_port()), "--work-dir", str(logs or "/tmp")],
+                                      env=env, stdout=out(f"worker{i}"), stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+            cluster.workers.append(worker)
+            procs.append(worker)
+        while cluster.alive_workers() < workers:
+            if any(p.poll() is not None for p in procs) or time.time() > deadline:
+                raise RuntimeError("the Spark workers did not register with the master")
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
