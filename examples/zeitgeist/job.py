@@ -20,6 +20,7 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from headrace import Topology, injectors, key_by, read
+from headrace.dashboard import Dashboard
 from headrace.store import open_store
 
 from .computations import DipDetector, ModelCalculator, SpikeDetector, WindowCounter
@@ -133,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=6_000, help="records injected per wall-clock second")
     parser.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                         help="continuous (default): long-lived workers; microbatch: a Spark query per computation")
+    parser.add_argument("--dashboard-port", type=int, default=0, help="the web dashboard's port (0: a free one)")
     args = parser.parse_args(argv)
 
     if args.fresh and os.path.exists(args.dir):
@@ -153,8 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     make = ContinuousRunner if args.mode == "continuous" else SparkRunner
     runner = make(build(scenario, rate=args.rate), store_url, args.master, progress=sys.stderr,
                   progress_every_s=5.0)
+    dashboard = Dashboard(store_url, port=args.dashboard_port)
     try:
         runner.start()
+        dashboard.start()
+        print(f"zeitgeist: dashboard at {dashboard.url} while it runs", flush=True)
         watcher.start()
         result = runner.wait()
     except KeyboardInterrupt:
@@ -163,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         watcher.stop_event.set()
         runner.stop()
+        dashboard.stop()
     found = watcher.poll()
 
     store = open_store(store_url)
@@ -188,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watermark lag        {stage:<16} {percentiles(lags[stage])}")
     print(f"late records dropped {counters.get('late_dropped', 0):,} (the generator made {scenario.late_records:,} "
           f"arrive late; those behind the low watermark on arrival are dropped)")
+    print(f"dashboard            headrace dashboard --store {store_url}   (the run's history, state and timers)")
     return 0
 
 

@@ -3,7 +3,9 @@
 from . import injectors
 from .api import read, run, watermarks
 from .model import Computation, MonoidComputation, Record, Timer, key_by
+from .monitor import status
 from .topology import Topology
 
-__all__ = ["Computation", "MonoidComputation", "Record", "Timer", "Topology", "key_by", "run", "read", "watermarks", "injectors"]
+__all__ = ["Computation", "MonoidComputation", "Record", "Timer", "Topology", "key_by", "run", "read", "watermarks",
+           "status", "injectors"]
 __version__ = "0.1.0"

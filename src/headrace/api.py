@@ -19,7 +19,7 @@ MODES = ("microbatch", "continuous")
 def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
-        mode: str = "continuous") -> Any:
+        mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -27,12 +27,19 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     computation, each batch a Spark job (docs/architecture.md §4). Returns a ``RunResult`` once every computation
     has drained, when all injectors are bounded; otherwise runs until stopped (Ctrl-C). Running
     again with the same store resumes. ``retention_ms`` bounds how long committed segments of
-    every stream are kept (micro-batch mode).
+    every stream are kept (micro-batch mode). ``metrics_port`` serves Prometheus metrics on
+    ``http://<driver>:<port>/metrics`` while it runs (0: a free port; None, the default: none).
+    ``dashboard_port`` serves the web dashboard on 127.0.0.1 at that port (0: any free port) while
+    the run lasts and prints its URL to ``progress``; ``None`` (the default) opens no port.
     """
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,
                           hint="mode='microbatch' (a Spark query per computation) or mode='continuous' "
                                "(long-lived workers, millisecond latency)")
+    if dashboard_port is not None:
+        from .dashboard import check_port
+
+        check_port(dashboard_port)  # before Spark starts
     if mode == "continuous":
         given = [n for n, v in (("checkpoint_dir", checkpoint_dir), ("trigger_ms", trigger_ms),
                                 ("retention_ms", retention_ms)) if v is not None]
@@ -41,16 +48,27 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
                               hint="drop it, or run with mode='microbatch'")
         from .spark.continuous import ContinuousRunner
 
-        runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress).start()
+        runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
+                                                metrics_port=metrics_port).start()
     else:
         from .spark.runner import SparkRunner
 
         runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
-                             progress=progress, spark=spark, retention_ms=retention_ms).start()
+                             progress=progress, spark=spark, retention_ms=retention_ms,
+                             metrics_port=metrics_port).start()
+    dashboard = None
     try:
+        if dashboard_port is not None:
+            from .dashboard import Dashboard
+
+            dashboard = Dashboard(store, port=dashboard_port).start()
+            if progress is not None:
+                print(f"headrace: dashboard at {dashboard.url}", file=progress, flush=True)
         return runner.wait(timeout_s)
     finally:
         runner.stop()
+        if dashboard is not None:
+            dashboard.stop()
 
 
 def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,

@@ -1,4 +1,5 @@
-"""``headrace run module:topology``, ``headrace watermarks``, ``headrace read STREAM``."""
+"""``headrace run module:topology``, ``headrace watermarks``, ``headrace read STREAM``, ``headrace status``,
+``headrace state C KEY``, ``headrace timers C KEY``, ``headrace dead-letters C``, ``headrace dashboard``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from typing import Sequence
 
 from .errors import HeadraceError, OptionError
-from .model import BEGINNING_OF_TIME, END_OF_TIME
+from .monitor.show import show_mark, status_text
 from .store import DEFAULT_STORE_URL
 from .topology import Topology
 
@@ -33,14 +34,6 @@ def load_topology(target: str) -> Topology:
     return topology
 
 
-def show_mark(ms: int) -> str:
-    if ms >= END_OF_TIME:
-        return "end-of-time"
-    if ms <= BEGINNING_OF_TIME:
-        return "beginning"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="headrace", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -51,22 +44,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p_run.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                        help="microbatch: a Spark query per computation; continuous: long-lived workers that own key intervals")
+    p_run.add_argument("--metrics-port", type=int, default=None,
+                       help="serve Prometheus metrics on http://<this host>:PORT/metrics while it runs (0: any free port)")
+    p_run.add_argument("--dashboard-port", type=int, default=0, help="serve the dashboard there (0: a free port)")
+    p_run.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
+    p_dash = sub.add_parser("dashboard", help="serve the web dashboard of a store (topology, watermarks, lag, keys)")
+    p_dash.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_dash.add_argument("--port", type=int, default=8050, help="0: any free port")
+    p_dash.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves every interface")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
     p_read = sub.add_parser("read", help="print the committed records of a stream as JSON lines")
     p_read.add_argument("stream")
     p_read.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_status = sub.add_parser("status", help="every stage's watermarks, lag, throughput, backlog, owners, alerts")
+    p_status.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_status.add_argument("--json", action="store_true", help="the same as JSON (one object per refresh)")
+    p_status.add_argument("--watch", action="store_true", help="refresh every --every seconds until Ctrl-C")
+    p_status.add_argument("--every", type=float, default=2.0, help=argparse.SUPPRESS)
+    for command, text in (("state", "a key's state, decoded with the computation's codec"),
+                          ("timers", "a key's pending timers")):
+        p_key = sub.add_parser(command, help=text)
+        p_key.add_argument("computation")
+        p_key.add_argument("key")
+        p_key.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_dead = sub.add_parser("dead-letters", help="what a computation sent to <computation>.dead_letter, as JSON lines")
+    p_dead.add_argument("computation")
+    p_dead.add_argument("--store", default=DEFAULT_STORE_URL)
     args = parser.parse_args(argv)
 
     from .api import read, run, watermarks
+    from .monitor import dead_letters, state, status, timers
 
     try:
         if args.command == "run":
             result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
-                         mode=args.mode)
+                         mode=args.mode, metrics_port=args.metrics_port,
+                         dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
+        elif args.command == "dashboard":
+            from .dashboard import Dashboard
+
+            board = Dashboard(args.store, host=args.host, port=args.port)
+            print(f"headrace: dashboard of {args.store} at {board.url} (Ctrl-C stops it)", flush=True)
+            try:
+                board.serve_forever()
+            except KeyboardInterrupt:
+                return 0
         elif args.command == "watermarks":
             marks = watermarks(args.store)
             if args.json:
@@ -77,6 +103,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"output {show_mark(info.output_watermark)}")
         elif args.command == "read":
             for record in read(args.stream, args.store):
+                print(json.dumps(record._asdict(), default=repr))
+        elif args.command == "status":
+            while True:
+                report = status(args.store)
+                if args.json:
+                    print(json.dumps(report), flush=True)
+                else:
+                    print(("\033[H\033[J" if args.watch else "") + status_text(report), flush=True)
+                if not args.watch:
+                    break
+                time.sleep(args.every)
+        elif args.command == "state":
+            print(json.dumps(state(args.store, args.computation, args.key), default=repr))
+        elif args.command == "timers":
+            for timer in timers(args.store, args.computation, args.key):
+                print(json.dumps(timer._asdict()))
+        elif args.command == "dead-letters":
+            for record in dead_letters(args.store, args.computation):
                 print(json.dumps(record._asdict(), default=repr))
     except HeadraceError as exc:
         print(f"headrace: {exc}", file=sys.stderr)

@@ -243,6 +243,9 @@ class ComputationOptions:
     - ``watermark_percentile``: ``{stream: p}``, per subscription: below 100, the input low
       watermark from that stream ignores its slowest ``100 - p`` % of producers (MillWheel's
       percentile watermark); their records behind it are late. Default 100 (the true low watermark).
+    - ``alert_lag_ms``: while the topology runs, raise a lag alert when the computation's output low
+      watermark falls more than this far behind the wall clock, and clear it once it catches up
+      (docs/monitoring.md). Default ``None``: no alert.
     """
 
     codec: Codec = codec_named("pickle")
@@ -256,6 +259,7 @@ class ComputationOptions:
     watermark_percentile: Mapping[str, float] = field(default_factory=dict)
     state_semantics: str = "exactly_once"
     output_semantics: str = "exactly_once"
+    alert_lag_ms: int | None = None
 
     def percentile(self, stream: str) -> float:
         return float(self.watermark_percentile.get(stream, 100.0))
@@ -295,6 +299,11 @@ class ComputationOptions:
                 isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p <= 100 for p in percentiles.values()):
             raise OptionError(f"Computation {owner!r} option 'watermark_percentile' maps input streams to a "
                               "percentile in (0, 100]", got=percentiles, hint="e.g. watermark_percentile={'clicks': 99}")
+        lag = values.get("alert_lag_ms")
+        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 1):
+            raise OptionError(f"Computation {owner!r} option 'alert_lag_ms' must be an integer >= 1 (milliseconds)",
+                              got=lag, hint="e.g. alert_lag_ms=30000 alerts when the watermark is 30 s behind the "
+                                            "wall clock; leave it out for no alert")
         if "dedup" in values and not isinstance(values["dedup"], bool):
             raise OptionError(f"Computation {owner!r} option 'dedup' must be True or False", got=values["dedup"])
         _resolve_semantics(owner, values)

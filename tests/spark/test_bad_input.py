@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from headrace import Computation, Topology, injectors, key_by, read, run
+from headrace import Computation, Topology, injectors, key_by, read, run, status
 from headrace.errors import OptionError, UserCodeError
 from headrace.store import open_store
 
@@ -88,6 +88,8 @@ def test_user_code_that_raises_fails_naming_computation_key_and_record_and_nothi
     message = str(failure.value)
     assert re.search(r"UserCodeError: Computation 'Counter' failed on key 'u0' at record "
                      r"'inject:events:2:27' \(timestamp 1077\) \(got ValueError: cannot handle 77\)", message), message
+    last_error = status(store_url)["stages"]["Counter"]["last_error"]  # kept in the store for `headrace status`
+    assert (last_error["type"], last_error["message"]) == ("UserCodeError", message)
     run(topology(CountPerUser, EVENTS), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     assert counts(store_url) == expected(EVENTS)
     assert open_store(store_url).counters("Counter")["records"] == len(EVENTS)

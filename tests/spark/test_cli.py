@@ -35,7 +35,9 @@ def test_cli_runs_a_topology_then_shows_watermarks_and_reads_a_stream(
     monkeypatch.chdir(tmp_path)
     store = f"sqlite:///{tmp_path}/cli.db"
     assert cli.main(["run", "cli_topology_mod:topology", "--store", store, "--timeout", "240"]) == 0
-    assert re.search(r"drained in [\d.]+ s: Count: \d+ batches, 7 records", capsys.readouterr().out)
+    shown = capsys.readouterr()
+    assert re.search(r"drained in [\d.]+ s: Count: \d+ batches, 7 records", shown.out)
+    assert re.search(r"headrace: dashboard at http://127\.0\.0\.1:\d+/", shown.err)  # served while it ran
 
     assert cli.main(["watermarks", "--store", store]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,3 +74,4 @@ def test_zeitgeist_stopped_with_ctrl_c_resumes_without_losing_or_repeating_an_an
     assert {key_of(a) for a in before} <= {key_of(a) for a in after}  # nothing lost
     assert len({key_of(a) for a in after}) == len(after)  # nothing repeated
     assert "precision            1.00" in second.stdout and "recall               1.00" in second.stdout, second.stdout
+    assert re.search(r"zeitgeist: dashboard at http://127\.0\.0\.1:\d+/ while it runs", second.stdout)

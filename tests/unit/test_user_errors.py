@@ -81,8 +81,8 @@ def test_a_cycle() -> None:
 def test_an_unknown_option_and_a_bad_choice() -> None:
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' got unknown option 'lateness' (got 'drop'). Hint: valid options are "
-            "['codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'output_semantics', 'productions', 'semantics', "
-            "'shards', 'state_semantics', 'watermark_percentile']")):
+            "['alert_lag_ms', 'codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'output_semantics', 'productions', "
+            "'semantics', 'shards', 'state_semantics', 'watermark_percentile']")):
         topology().add(Echo, inputs={"words": key_by("w")}, lateness="drop")
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' option 'late' must be one of ['drop', 'deliver'] (got 'keep'). "

@@ -23,6 +23,9 @@ from typing import Any, Iterator, TextIO
 from ..engine.worker import IntervalPlan, Worker, interval_producer
 from ..errors import FencedWriterError, OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from ..monitor.events import blamed, record_error
+from ..monitor.graph import record_topology
+from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import open_store
 from ..topology import Topology
 from .inject import DataFrameInjector
@@ -98,8 +101,10 @@ class ContinuousRunner:
 
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
-                 poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100):
+                 poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100,
+                 metrics_port: int | None = None):
         self.topology = topology
+        self.metrics_port = check_metrics_port(metrics_port)
         self.store = open_store(store)
         self.url = self.store.url
         self.master, self.spark, self.progress, self.progress_every_s = master, spark, progress, progress_every_s
@@ -111,6 +116,7 @@ class ContinuousRunner:
         self.resubmissions = 0
         self.removed: set[str] = set()
         self._stopping = threading.Event()
+        self.watcher: Watcher | None = None
         self._job: threading.Thread | None = None
         self._marks: dict[str, tuple[int, int]] = {}
         self._started = 0.0
@@ -129,6 +135,9 @@ class ContinuousRunner:
         for stream in sorted(self.topology.streams()):
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
+        self._record_topology()
+        self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
+        announce_metrics(self.watcher, self.progress)
         self.injectors = start_injectors(self.topology, self.url, checkpoint_root(self.store, self.topology.name, None),
                                          200, self.errors.append)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
@@ -171,7 +180,12 @@ class ContinuousRunner:
                 p: self.store.batch_before(p, int(start)) for p in producers}
             for shard in range(spec.options.shards):
                 self.store.start_interval_at(name, shard, heads)
+        self._record_topology()
         self._restart_job()
+
+    def _record_topology(self) -> None:
+        bus = {s: continuous_producers(self.topology, s) for s in self.topology.streams()}
+        record_topology(self.store, self.topology, "continuous", bus)
 
     def remove(self, name: str) -> None:
         """Stop computation ``name``; the others go on (their workers restart, from their commits)."""
@@ -239,6 +253,8 @@ class ContinuousRunner:
         self._stopping.set()
         for injector in self.injectors.values():
             injector.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
         try:
             self.store.put_meta(f"stop:{self.run_id}", "1")
         finally:
@@ -284,7 +300,11 @@ class ContinuousRunner:
                         for n in self.topology.computations if n not in self.removed))
 
     def check(self) -> None:
-        check_injectors(self.errors, self.injectors)
+        try:
+            check_injectors(self.errors, self.injectors)
+        except Exception as exc:
+            record_error(self.store, blamed(self.topology, exc), exc)
+            raise
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         deadline = None if timeout_s is None else time.time() + timeout_s

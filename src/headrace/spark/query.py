@@ -24,6 +24,7 @@ from ..engine.monoid import fold_streams
 from ..errors import UserCodeError
 from ..model import BEGINNING_OF_TIME, MonoidComputation
 from ..store import open_store, shared_store
+from ..store.monitoring import WHOLE_COMPUTATION
 from ..topology import ComputationSpec, Topology
 from .keying import CONTROL, KEYED_SCHEMA, PARTIAL, REJECTED, Keying, ddl
 
@@ -184,6 +185,9 @@ class ComputationQuery:
             return
         wm_after = results[0].wm_after
         out = finish_batch(self.store, spec.name, batch_no, wm_after, self.stats.output_watermark, self.sequencer)
+        read = offsets_read(self.checkpoint, batch_id)
+        if read is not None:
+            self.store.record_positions(spec.name, WHOLE_COMPUTATION, read)
         with self._lock:
             self.stats.batches += 1
             self.stats.input_watermark = max(self.stats.input_watermark, wm_after)
@@ -202,6 +206,17 @@ class ComputationQuery:
         if self.query is not None:
             self.query.stop()
         self.store.close()
+
+
+def offsets_read(checkpoint: str, batch_id: int) -> dict[str, int] | None:
+    """The producer batches Spark's offset log says batch ``batch_id`` read up to (its source's end
+    offset, docs/monitoring.md), or None if the log is not in the expected form."""
+    try:
+        with open(os.path.join(checkpoint, "offsets", str(batch_id))) as f:
+            lines = f.read().splitlines()
+        return {str(p): int(b) for p, b in json.loads(lines[2])["b"].items()}
+    except (OSError, ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def failure_detail(exc: Any) -> str:

@@ -14,6 +14,9 @@ from ..engine.batch import Production, id_prefix
 from ..errors import HeadraceError, OptionError, UserCodeError
 from ..injectors import Injector, RecordsInjector, Several
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from ..monitor.events import blamed, record_error
+from ..monitor.graph import record_topology
+from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
 from .inject import DataFrameInjector, is_streaming_dataframe
@@ -178,8 +181,10 @@ class SparkRunner:
 
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
-                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None):
+                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
+                 metrics_port: int | None = None):
         self.topology = topology
+        self.metrics_port = check_metrics_port(metrics_port)
         opened = open_store(store)  # validates the URL early
         try:
             self.url = opened.url
@@ -188,6 +193,7 @@ class SparkRunner:
             for stream in sorted(topology.streams()):
                 for producer in topology.producers(stream):
                     opened.declare_stream(stream, producer)
+            self._record_topology(opened)
         finally:
             opened.close()
         self.master = master
@@ -200,7 +206,11 @@ class SparkRunner:
         self.queries: dict[str, ComputationQuery] = {}
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
+        self.watcher: Watcher | None = None
         self._started = 0.0
+
+    def _record_topology(self, store: Store) -> None:
+        record_topology(store, self.topology, "microbatch", {s: self.topology.producers(s) for s in self.topology.streams()})
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -213,6 +223,8 @@ class SparkRunner:
                                          self.errors.append)
         for spec in self.topology.computations.values():
             self.add(spec.name)
+        self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
+        announce_metrics(self.watcher, self.progress)
         return self
 
     def add(self, name: str, start: str | int = "beginning") -> ComputationQuery:
@@ -227,6 +239,12 @@ class SparkRunner:
             raise OptionError("A computation starts from 'beginning', 'now' or a time in ms since the epoch",
                               got=start, hint="start='beginning'")
         spec = self.topology.computation(name)
+        if name not in self.queries and self.watcher is not None:  # added to a running topology
+            store = open_store(self.url)
+            try:
+                self._record_topology(store)
+            finally:
+                store.close()
         query = ComputationQuery(self.spark, self.topology, spec, self.url, self.checkpoint_root,
                                  self.trigger_ms, str(start))
         query.start()
@@ -255,9 +273,17 @@ class SparkRunner:
                 and all(q.stats.input_watermark == END_OF_TIME for q in self.queries.values()))
 
     def check(self) -> None:
-        check_injectors(self.errors, self.injectors)
-        for q in self.queries.values():
-            q.check()
+        try:
+            check_injectors(self.errors, self.injectors)
+            for q in self.queries.values():
+                q.check()
+        except Exception as exc:
+            store = open_store(self.url)
+            try:
+                record_error(store, blamed(self.topology, exc), exc)
+            finally:
+                store.close()
+            raise
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until drained (all injectors bounded), ``timeout_s`` passes, or Ctrl-C."""
@@ -296,6 +322,8 @@ class SparkRunner:
             injector.stop()
         for q in list(self.queries.values()):
             q.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
 
     # -- observing ----------------------------------------------------------------------------------
 

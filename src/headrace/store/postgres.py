@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from ..errors import StoreError
 from .base import Failpoint
-from .schema import schema_statements
+from .schema import NEWEST_TABLES, schema_statements
 from .sql import SQLStore
 
 __all__ = ["PostgresStore"]
@@ -42,7 +42,7 @@ class PostgresStore(SQLStore):
         except psycopg.OperationalError as e:
             raise StoreError(f"Cannot connect to the PostgreSQL store: {' '.join(str(e).split())}", got=_redacted(url),
                              hint="start the server and check host, port, user and database in the URL") from None
-        if self._one("SELECT to_regclass('partials')")[0] is None:  # the newest table
+        if any(self._one("SELECT to_regclass(?)", (table,))[0] is None for table in NEWEST_TABLES):
             # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
             with self._transaction():
                 self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))

@@ -3,7 +3,7 @@ SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps ro
 
 from __future__ import annotations
 
-__all__ = ["schema_statements"]
+__all__ = ["schema_statements", "NEWEST_TABLES"]
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS computations(
@@ -43,8 +43,16 @@ CREATE TABLE IF NOT EXISTS batches(
 CREATE TABLE IF NOT EXISTS checkpoints(producer TEXT PRIMARY KEY, position TEXT){TABLE};
 CREATE TABLE IF NOT EXISTS counters(
   computation TEXT, name TEXT, value {INT} NOT NULL, PRIMARY KEY(computation, name)){TABLE};
-CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL){TABLE}
+CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL){TABLE};
+CREATE TABLE IF NOT EXISTS events(
+  name TEXT, at {INT}, kind TEXT, detail TEXT NOT NULL, PRIMARY KEY(name, kind, at)){TABLE};
+CREATE TABLE IF NOT EXISTS samples(
+  name TEXT, at {INT}, records {INT} NOT NULL, input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
+  backlog {INT} NOT NULL, PRIMARY KEY(name, at)){TABLE}
 """
+
+# A store whose database lacks one of these was made before the tables added last: create what is missing.
+NEWEST_TABLES = ("partials", "samples")
 
 _DIALECTS = {
     "sqlite": {"INT": "INTEGER", "BLOB": "BLOB", "TABLE": " WITHOUT ROWID"},

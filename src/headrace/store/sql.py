@@ -17,6 +17,7 @@ from ..engine.ports import BatchInfo, IntervalClaim, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
 from .base import Failpoint
+from .monitoring import MonitorQueries
 from .segments import encode_segment, segment_rows
 
 __all__ = ["SQLStore"]
@@ -29,7 +30,7 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-class SQLStore:
+class SQLStore(MonitorQueries):
     """Everything but the dialect. Subclasses set the class attributes and implement the hooks."""
 
     url: str

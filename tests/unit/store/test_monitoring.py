@@ -1,0 +1,49 @@
+"""What monitoring reads and writes (store/monitoring.py), on each store: positions, segment
+counts up to the journal's head, commit times, events and samples."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headrace.engine.batch import Production
+from headrace.store.monitoring import WHOLE_COMPUTATION, Sample
+
+
+def publish(store: Any, producer: str, batch: int, n: int) -> None:
+    records = [Production("s", None, i, 10 * batch, f"{producer}:{batch}:{i}") for i in range(n)]
+    store.publish(producer, batch, {"s": records}, 10 * batch)
+
+
+def test_positions_and_the_records_between_two_batches(store: Any) -> None:
+    for batch, n in ((1, 3), (2, 4), (3, 5)):
+        publish(store, "inject:s", batch, n)
+    store.record_positions("C", WHOLE_COMPUTATION, {"inject:s": 1})
+    store.record_positions("C", WHOLE_COMPUTATION, {"inject:s": 2})
+    assert store.all_positions("C") == {WHOLE_COMPUTATION: {"inject:s": 2}}
+    assert store.records_between("s", "inject:s", 1, 3) == 9
+    assert store.records_between("s", "inject:s", 3, 3) == 0
+    assert store.records_of(["inject:s", "nobody"]) == 12
+    assert store.records_of(["inject:s"], since_ms=0, recent=1) == 5  # the last batch only
+    times = store.commit_times(["inject:s"], since_ms=0)["inject:s"]
+    assert len(times) == 3 and times == sorted(times)
+    assert store.commit_times(["inject:s"], since_ms=max(times) + 1) == {}
+
+
+def test_events_latest_per_name_and_a_tie_goes_to_the_later_kind(store: Any) -> None:
+    store.add_event("A", "alert", 10, "{}")
+    store.add_event("A", "cleared", 20, "{}")
+    store.add_event("B", "alert", 15, '{"x": 1}')
+    store.add_event("B", "cleared", 15, "{}")
+    store.add_event("C", "alert", 30, '{"y": 2}')
+    latest = store.latest_events(["alert", "cleared"])
+    assert {n: (e.at, e.kind) for n, e in latest.items()} == {"A": (20, "cleared"), "B": (15, "cleared"),
+                                                              "C": (30, "alert")}
+    assert [(e.name, e.kind) for e in store.events(since_ms=15, kinds=("alert",))] == [("B", "alert"), ("C", "alert")]
+
+
+def test_samples_are_kept_in_order_and_trimmed(store: Any) -> None:
+    store.add_samples([Sample("C", at, at * 2, -(2**63), 2**63 - 1, 0) for at in (3, 1, 2)])
+    assert [s.at for s in store.samples(0, "C")] == [1, 2, 3]
+    assert store.samples(2, "C")[0] == Sample("C", 2, 4, -(2**63), 2**63 - 1, 0)
+    assert store.trim_samples(3) == 2
+    assert [s.at for s in store.samples(0)] == [3]
