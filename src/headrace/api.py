@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from itertools import islice
+from typing import Any, Iterator, TextIO
 
 from .model import Record
 from .errors import OptionError, UnknownStreamError
-from .store import DEFAULT_STORE_URL, BatchInfo, open_store
+from .store import DEFAULT_STORE_URL, BatchInfo, Store, open_store
 from .topology import Topology
 
 __all__ = ["run", "read", "watermarks"]
@@ -54,13 +55,17 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
 
 
 def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
-         since_ms: int | None = None) -> list[Record]:
-    """The committed records of ``stream``, producer by producer, in batch order.
+         since_ms: int | None = None, limit: int | None = None) -> Iterator[Record]:
+    """The committed records of ``stream``, producer by producer, in batch order, as an iterator
+    (``list(read(...))`` for a list); at most ``limit`` of them when it is given.
 
     Replay part of it with ``from_batch`` (the producers' batches after it) or ``since_ms`` (the
     batches completed at or after that time). A record's ``key`` is the key its producer gave
-    (``None`` when it gave none).
+    (``None`` when it gave none). A stream no producer writes is refused here, before iterating.
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise OptionError("read(limit=...) must be an integer >= 0 or None", got=limit,
+                          hint="e.g. read('counts', store=..., limit=10)")
     db = open_store(store)
     try:
         producers = db.stream_producers(stream)
@@ -69,15 +74,21 @@ def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
             raise UnknownStreamError(f"No producer writes stream {stream!r} in {db.shown_url}", got=stream,
                                      hint=f"known streams are {known}" if known else
                                      "nothing has run on this store yet: run the topology first, or check store=")
-        out: list[Record] = []
-        for producer in producers:
-            last = db.latest_batch(producer)
-            if last is None:
-                continue
-            after = from_batch if since_ms is None else max(from_batch, db.batch_before(producer, since_ms))
-            out.extend(Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
-                       for _, r in db.read_segments(stream, producer, after, last.batch))
-        return out
+        heads = [(p, db.latest_batch(p)) for p in producers]
+        ranges = [(p, from_batch if since_ms is None else max(from_batch, db.batch_before(p, since_ms)), last.batch)
+                  for p, last in heads if last is not None]
+    except BaseException:
+        db.close()
+        raise
+    records = _records(db, stream, ranges)
+    return records if limit is None else islice(records, limit)
+
+
+def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]]) -> Iterator[Record]:
+    try:
+        for producer, after, upto in ranges:
+            for _, r in db.read_segments(stream, producer, after, upto):
+                yield Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
     finally:
         db.close()
 
