@@ -1,9 +1,9 @@
 """headrace: MillWheel-style fault-tolerant stream processing for Python, on Apache Spark."""
 
 from . import injectors
-from .api import read, run, watermarks
+from .api import read, run, stream_df, table_df, watermarks
 from .model import Computation, Record, Timer, key_by
 from .topology import Topology
 
-__all__ = ["Computation", "Record", "Timer", "Topology", "key_by", "run", "read", "watermarks", "injectors"]
+__all__ = ["Computation", "Record", "Timer", "Topology", "key_by", "run", "read", "watermarks", "stream_df", "table_df", "injectors"]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ from .errors import OptionError, UnknownStreamError
 from .store import DEFAULT_STORE_URL, BatchInfo, Store, open_store
 from .topology import Topology
 
-__all__ = ["run", "read", "watermarks"]
+__all__ = ["run", "read", "watermarks", "stream_df", "table_df"]
 
 
 MODES = ("microbatch", "continuous")
@@ -20,7 +20,7 @@ MODES = ("microbatch", "continuous")
 def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
-        mode: str = "continuous") -> Any:
+        mode: str = "continuous", ui: bool = True) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -28,7 +28,8 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     computation, each batch a Spark job (docs/architecture.md §4). Returns a ``RunResult`` once every computation
     has drained, when all injectors are bounded; otherwise runs until stopped (Ctrl-C). Running
     again with the same store resumes. ``retention_ms`` bounds how long committed segments of
-    every stream are kept (micro-batch mode).
+    every stream are kept (micro-batch mode). Spark's web UI is on unless ``ui=False`` (or a given
+    ``spark`` session has it off); the run prints its URL to ``progress`` and returns it as ``ui_url``.
     """
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,
@@ -42,12 +43,12 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
                               hint="drop it, or run with mode='microbatch'")
         from .spark.continuous import ContinuousRunner
 
-        runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress).start()
+        runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress, ui=ui).start()
     else:
         from .spark.runner import SparkRunner
 
         runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
-                             progress=progress, spark=spark, retention_ms=retention_ms).start()
+                             progress=progress, spark=spark, retention_ms=retention_ms, ui=ui).start()
     try:
         return runner.wait(timeout_s)
     finally:
@@ -66,15 +67,9 @@ def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise OptionError("read(limit=...) must be an integer >= 0 or None", got=limit,
                           hint="e.g. read('counts', store=..., limit=10)")
-    db = open_store(store)
+    db = open_stream(store, stream)
     try:
-        producers = db.stream_producers(stream)
-        if not producers:
-            known = db.streams()
-            raise UnknownStreamError(f"No producer writes stream {stream!r} in {db.shown_url}", got=stream,
-                                     hint=f"known streams are {known}" if known else
-                                     "nothing has run on this store yet: run the topology first, or check store=")
-        heads = [(p, db.latest_batch(p)) for p in producers]
+        heads = [(p, db.latest_batch(p)) for p in db.stream_producers(stream)]
         ranges = [(p, from_batch if since_ms is None else max(from_batch, db.batch_before(p, since_ms)), last.batch)
                   for p, last in heads if last is not None]
     except BaseException:
@@ -82,6 +77,49 @@ def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
         raise
     records = _records(db, stream, ranges)
     return records if limit is None else islice(records, limit)
+
+
+def open_stream(store: str, stream: str) -> Store:
+    """The store, open, once it is known that some producer writes ``stream``."""
+    db = open_store(store)
+    if not db.stream_producers(stream):
+        known = db.streams()
+        db.close()
+        raise UnknownStreamError(f"No producer writes stream {stream!r} in {db.shown_url}", got=stream,
+                                 hint=f"known streams are {known}" if known else
+                                 "nothing has run on this store yet: run the topology first, or check store=")
+    return db
+
+
+def stream_df(stream: str, *, spark: Any, store: str = DEFAULT_STORE_URL, start: str | int = "beginning",
+              from_batch: int = 0) -> Any:
+    """A streaming DataFrame of ``stream``'s committed records, from ``start`` (``"beginning"``,
+    ``"now"``, or a time in ms since the epoch: the batches completed from then on) or after each
+    producer's batch ``from_batch``. Columns: ``key``, ``value`` (pickled bytes, or a struct of
+    typed columns when the stream has a schema), ``timestamp`` (ms), ``id``, ``producer``, ``batch``."""
+    return _frame(stream, spark, store, start, from_batch, streaming=True)
+
+
+def table_df(stream: str, *, spark: Any, store: str = DEFAULT_STORE_URL, start: str | int = "beginning",
+             from_batch: int = 0) -> Any:
+    """``stream_df``'s records committed so far, as a batch DataFrame."""
+    return _frame(stream, spark, store, start, from_batch, streaming=False)
+
+
+def _frame(stream: str, spark: Any, store: str, start: str | int, from_batch: int, *, streaming: bool) -> Any:
+    if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
+        raise OptionError("A stream DataFrame starts from 'beginning', 'now' or a time in ms since the epoch",
+                          got=start, hint="start='beginning', or from_batch=N to skip each producer's first N batches")
+    if isinstance(from_batch, bool) or not isinstance(from_batch, int) or from_batch < 0:
+        raise OptionError("from_batch must be an integer >= 0", got=from_batch, hint="e.g. from_batch=10")
+    from .spark.frames import schema_key, stream_frame
+
+    db = open_stream(store, stream)
+    try:
+        ddl, url = db.get_meta(schema_key(stream)) or "", db.url
+    finally:
+        db.close()
+    return stream_frame(spark, stream, url, ddl, streaming=streaming, start=start, from_batch=from_batch)
 
 
 def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]]) -> Iterator[Record]:

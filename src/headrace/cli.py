@@ -51,12 +51,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p_run.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                        help="microbatch: a Spark query per computation; continuous: long-lived workers that own key intervals")
+    p_run.add_argument("--no-ui", action="store_true", help="turn Spark's web UI off (it is on, and its URL printed)")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
     p_read = sub.add_parser("read", help="print the committed records of a stream as JSON lines")
     p_read.add_argument("stream")
     p_read.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_read.add_argument("--limit", type=int, default=None, help="print at most this many records")
     args = parser.parse_args(argv)
 
     from .api import read, run, watermarks
@@ -64,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
-                         mode=args.mode)
+                         mode=args.mode, ui=not args.no_ui)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "watermarks":
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{producer:<32} batch {info.batch:>6}  input {show_mark(info.input_watermark):<26} "
                           f"output {show_mark(info.output_watermark)}")
         elif args.command == "read":
-            for record in read(args.stream, args.store):
+            for record in read(args.stream, args.store, limit=args.limit):
                 print(json.dumps(record._asdict(), default=repr))
     except HeadraceError as exc:
         print(f"headrace: {exc}", file=sys.stderr)

@@ -11,12 +11,13 @@ running user code again (docs/architecture.md §2.1 and §2.3).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from ..model import Computation, ComputationOptions
 from .batch import InputRecord, Production, ShardBatch, shard_of
 from .dedup import DedupIndex
 from .ports import Journal, ShardStore
-from .shard import process_shard
+from .shard import ValueCheck, process_shard
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
 
@@ -60,6 +61,7 @@ def run_shard_batch(
     store: ShardStore,
     batch: ShardBatch,
     dedup_cache: DedupCache | None = None,
+    schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
     keys = list(dict.fromkeys(r.key for r in batch.records))
@@ -80,7 +82,7 @@ def run_shard_batch(
         is_duplicate = index.seen
     try:
         commit = process_shard(computation, name, options, outputs, batch, snapshot,
-                               is_duplicate or (lambda ids: set()))
+                               is_duplicate or (lambda ids: set()), schemas)
     except BaseException:
         txn.abort()
         raise

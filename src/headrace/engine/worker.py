@@ -22,6 +22,7 @@ from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOpti
 from .batch import InputRecord, ShardBatch, shard_of
 from .ports import IntervalClaim, IntervalStore
 from .runner import DedupCache, run_shard_batch
+from .shard import ValueCheck
 from .watermark import input_low_watermark
 
 __all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
@@ -48,6 +49,7 @@ class IntervalPlan:
     inputs: Mapping[str, KeyExtractor]
     producers: Mapping[str, tuple[str, ...]]
     dedup_streams: frozenset[str] = frozenset()
+    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed output streams
 
     @property
     def all_producers(self) -> list[str]:
@@ -170,7 +172,7 @@ class Worker:
                                journal_as=interval_producer(plan.name, interval.shard))
             try:
                 result = run_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store,
-                                         batch, self.dedup)
+                                         batch, self.dedup, plan.schemas)
                 if result.redelivered:  # a newer owner committed this very batch: the interval is theirs
                     raise StaleBatchError(f"Interval {interval.shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,

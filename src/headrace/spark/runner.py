@@ -15,9 +15,11 @@ from ..injectors import Injector, RecordsInjector, Several
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
+from .frames import declare_schemas
 from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import ComputationQuery, QueryStats
-from .session import spark_session
+from .session import spark_session, ui_url
+from .sinks import SinkQuery, jdbc_jars, start_sinks
 
 __all__ = ["SparkRunner", "RunResult"]
 
@@ -129,6 +131,13 @@ class RunResult:
     elapsed_s: float
     stats: dict[str, QueryStats] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=dict)
+    ui_url: str | None = None  # the Spark web UI the run was watchable in
+
+
+def announce_ui(spark: Any, progress: TextIO | None) -> None:
+    url = ui_url(spark)
+    if progress is not None and url:
+        print(f"headrace: Spark UI at {url}", file=progress, flush=True)
 
 
 def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> str:
@@ -174,7 +183,8 @@ class SparkRunner:
 
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
-                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None):
+                 progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
+                 ui: bool = True):
         self.topology = topology
         opened = open_store(store)  # validates the URL early
         try:
@@ -184,6 +194,7 @@ class SparkRunner:
             for stream in sorted(topology.streams()):
                 for producer in topology.producers(stream):
                     opened.declare_stream(stream, producer)
+            declare_schemas(opened, topology.schemas)
         finally:
             opened.close()
         self.master = master
@@ -192,8 +203,10 @@ class SparkRunner:
         self.progress_every_s = progress_every_s
         self.spark = spark
         self.retention_ms = retention_ms
+        self.ui = ui
         self._last_trim = 0.0
         self.queries: dict[str, ComputationQuery] = {}
+        self.sinks: list[SinkQuery] = []
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
         self._started = 0.0
@@ -203,12 +216,15 @@ class SparkRunner:
     def start(self) -> "SparkRunner":
         self._started = time.time()
         if self.spark is None:
-            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
+            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
+                                       conf=jdbc_jars(self.topology), ui=self.ui)
+        announce_ui(self.spark, self.progress)
         _pickle_user_code_by_value(self.topology)
         self.injectors = start_injectors(self.topology, self.url, self.checkpoint_root, self.trigger_ms,
                                          self.errors.append)
         for spec in self.topology.computations.values():
             self.add(spec.name)
+        self.sinks = start_sinks(self.spark, self.topology, self.url, self.checkpoint_root, self.trigger_ms)
         return self
 
     def add(self, name: str, start: str | int = "beginning") -> ComputationQuery:
@@ -249,6 +265,8 @@ class SparkRunner:
         check_injectors(self.errors, self.injectors)
         for q in self.queries.values():
             q.check()
+        for sink in self.sinks:
+            sink.check()
 
     def wait(self, timeout_s: float | None = None) -> RunResult:
         """Block until drained (all injectors bounded), ``timeout_s`` passes, or Ctrl-C."""
@@ -264,6 +282,8 @@ class SparkRunner:
                 print(self.describe(), file=self.progress, flush=True)
                 last_report = time.time()
             time.sleep(0.1)
+        for sink in self.sinks:
+            sink.flush()
         self.check()
         return self.result()
 
@@ -280,11 +300,13 @@ class SparkRunner:
 
     def result(self) -> RunResult:
         return RunResult(time.time() - self._started, {n: q.stats for n, q in self.queries.items()},
-                         {s: t.published for s, t in self.injectors.items()})
+                         {s: t.published for s, t in self.injectors.items()}, ui_url(self.spark))
 
     def stop(self) -> None:
         for injector in self.injectors.values():
             injector.stop()
+        for sink in self.sinks:
+            sink.stop()
         for q in list(self.queries.values()):
             q.stop()
 
