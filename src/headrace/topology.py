@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from .errors import OptionError, TopologyError
 from .model import Computation, ComputationOptions, KeyExtractor
@@ -126,6 +127,17 @@ class SinkSpec:
     foreach_batch: Callable[[Any, int], None] | None = None
 
 
+def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
+    """``jdbc:postgresql://host:port/db?user=...`` (and ``properties``) as a libpq URL."""
+    if not jdbc.startswith("jdbc:postgresql://"):
+        raise OptionError("A JDBC sink writes to PostgreSQL", got=jdbc, hint="jdbc='jdbc:postgresql://host:5432/db'")
+    parts = urlsplit(jdbc[len("jdbc:"):])
+    params = {**dict(parse_qsl(parts.query)), **dict(properties)}
+    user, password = params.pop("user", None), params.pop("password", None)
+    auth = f"{quote(user, safe='')}{':' + quote(password, safe='') if password else ''}@" if user else ""
+    return f"postgresql://{auth}{parts.netloc}{parts.path}"
+
+
 def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> SinkSpec:
     kinds = {"file": ("format", "path"), "jdbc": ("jdbc", "table", "properties"), "foreach_batch": ("foreach_batch",)}
     valid = [o for names in kinds.values() for o in names]
@@ -149,6 +161,8 @@ def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> Sin
     if kind == "foreach_batch" and not callable(options["foreach_batch"]):
         raise OptionError(f"Sink of stream {stream!r}: foreach_batch must be a function (df, batch_id)",
                           got=options["foreach_batch"], hint="foreach_batch=lambda df, batch_id: df.show()")
+    if kind == "jdbc":
+        libpq_url(options["jdbc"], options.get("properties") or {})  # refuses a URL that is not PostgreSQL's
     label = check_name("sink", name if name is not None else f"{stream}-{kind}")
     return SinkSpec(label, stream, kind, **{k: v for k, v in options.items() if k != "properties"},
                     properties=dict(options.get("properties") or {}))

@@ -64,10 +64,10 @@ def test_a_bad_sink_is_refused_word_for_word() -> None:
 
 
 def test_a_jdbc_url_becomes_a_libpq_url_with_its_credentials() -> None:
-    from headrace.spark.sinks import libpq_url
+    from headrace.topology import libpq_url
 
     assert libpq_url("jdbc:postgresql://127.0.0.1:5432/db?user=ann", {"password": "p w"}) == \
         "postgresql://ann:p%20w@127.0.0.1:5432/db"
     with pytest.raises(OptionError, match=exact(
             "A JDBC sink writes to PostgreSQL (got 'jdbc:mysql://h/db'). Hint: jdbc='jdbc:postgresql://host:5432/db'")):
-        libpq_url("jdbc:mysql://h/db", {})
+        topology().sink("out", jdbc="jdbc:mysql://h/db", table="t")

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit
 
 from ..errors import OptionError, UserCodeError
-from ..topology import SinkSpec, Topology
+from ..topology import SinkSpec, Topology, libpq_url
 from .frames import stream_frame
 from .query import failure_detail
 
@@ -105,17 +104,6 @@ class JdbcWrite:
             if exists and exists[0] is not None:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE (producer, batch) IN (SELECT * FROM unnest(%s::text[], "
                                      "%s::bigint[]))").format(table), ([p for p, _ in pairs], [b for _, b in pairs]))
-
-
-def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
-    """``jdbc:postgresql://host:port/db?user=...`` (and ``properties``) as a libpq URL."""
-    if not jdbc.startswith("jdbc:postgresql://"):
-        raise OptionError("A JDBC sink writes to PostgreSQL", got=jdbc, hint="jdbc='jdbc:postgresql://host:5432/db'")
-    parts = urlsplit(jdbc[len("jdbc:"):])
-    params = {**dict(parse_qsl(parts.query)), **dict(properties)}
-    user, password = params.pop("user", None), params.pop("password", None)
-    auth = f"{quote(user, safe='')}{':' + quote(password, safe='') if password else ''}@" if user else ""
-    return f"postgresql://{auth}{parts.netloc}{parts.path}"
 
 
 def start_sinks(spark: Any, topology: Topology, url: str, checkpoint_root: str, trigger_ms: int) -> list[SinkQuery]:
