@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -21,6 +22,19 @@ SKIP_POSTGRES = "HEADRACE_SKIP_POSTGRES"
 # example runs a topology on Spark: marked `spark`, so `-m "not spark"` selects the quick tests.
 SPARK_PACKAGES = ("spark", "chaos")
 SPARK_DOCS = ("README.md",)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local SparkSession (one JVM) for the whole test session."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from headrace.spark.session import spark_session
+
+    session = spark_session("local[2]", app_name="headrace-tests", conf={"spark.ui.port": "0"})  # any free port
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -102,7 +102,7 @@ class AnomalyWatcher(threading.Thread):
         self.stop_event = threading.Event()
 
     def poll(self) -> list[dict[str, Any]]:
-        records = read("anomalies", self.store_url)
+        records = list(read("anomalies", self.store_url))
         with open(self.path + ".tmp", "w") as f:
             for r in records:
                 f.write(json.dumps(r.value) + "\n")

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from itertools import islice
+from typing import Any, Iterator, TextIO
 
 from .model import Record
 from .errors import OptionError, UnknownStreamError
-from .store import DEFAULT_STORE_URL, BatchInfo, open_store
+from .store import DEFAULT_STORE_URL, BatchInfo, Store, open_store
 from .topology import Topology
 
-__all__ = ["run", "read", "watermarks"]
+__all__ = ["run", "read", "watermarks", "stream_df", "table_df"]
 
 
 MODES = ("microbatch", "continuous")
@@ -19,7 +20,8 @@ MODES = ("microbatch", "continuous")
 def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
-        mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None) -> Any:
+        mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None,
+        ui: bool = True) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -31,6 +33,8 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     ``http://<driver>:<port>/metrics`` while it runs (0: a free port; None, the default: none).
     ``dashboard_port`` serves the web dashboard on 127.0.0.1 at that port (0: any free port) while
     the run lasts and prints its URL to ``progress``; ``None`` (the default) opens no port.
+    Spark's web UI is on unless ``ui=False`` (or a given ``spark`` session has it off); the run
+    prints its URL to ``progress`` and returns it as ``ui_url``.
     """
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,
@@ -49,13 +53,13 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         from .spark.continuous import ContinuousRunner
 
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
-                                                metrics_port=metrics_port).start()
+                                       metrics_port=metrics_port, ui=ui).start()
     else:
         from .spark.runner import SparkRunner
 
         runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
                              progress=progress, spark=spark, retention_ms=retention_ms,
-                             metrics_port=metrics_port).start()
+                             metrics_port=metrics_port, ui=ui).start()
     dashboard = None
     try:
         if dashboard_port is not None:
@@ -72,30 +76,77 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
 
 
 def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
-         since_ms: int | None = None) -> list[Record]:
-    """The committed records of ``stream``, producer by producer, in batch order.
+         since_ms: int | None = None, limit: int | None = None) -> Iterator[Record]:
+    """The committed records of ``stream``, producer by producer, in batch order, as an iterator
+    (``list(read(...))`` for a list); at most ``limit`` of them when it is given.
 
     Replay part of it with ``from_batch`` (the producers' batches after it) or ``since_ms`` (the
     batches completed at or after that time). A record's ``key`` is the key its producer gave
-    (``None`` when it gave none).
+    (``None`` when it gave none). A stream no producer writes is refused here, before iterating.
     """
-    db = open_store(store)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise OptionError("read(limit=...) must be an integer >= 0 or None", got=limit,
+                          hint="e.g. read('counts', store=..., limit=10)")
+    db = open_stream(store, stream)
     try:
-        producers = db.stream_producers(stream)
-        if not producers:
-            known = db.streams()
-            raise UnknownStreamError(f"No producer writes stream {stream!r} in {db.shown_url}", got=stream,
-                                     hint=f"known streams are {known}" if known else
-                                     "nothing has run on this store yet: run the topology first, or check store=")
-        out: list[Record] = []
-        for producer in producers:
-            last = db.latest_batch(producer)
-            if last is None:
-                continue
-            after = from_batch if since_ms is None else max(from_batch, db.batch_before(producer, since_ms))
-            out.extend(Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
-                       for _, r in db.read_segments(stream, producer, after, last.batch))
-        return out
+        heads = [(p, db.latest_batch(p)) for p in db.stream_producers(stream)]
+        ranges = [(p, from_batch if since_ms is None else max(from_batch, db.batch_before(p, since_ms)), last.batch)
+                  for p, last in heads if last is not None]
+    except BaseException:
+        db.close()
+        raise
+    records = _records(db, stream, ranges)
+    return records if limit is None else islice(records, limit)
+
+
+def open_stream(store: str, stream: str) -> Store:
+    """The store, open, once it is known that some producer writes ``stream``."""
+    db = open_store(store)
+    if not db.stream_producers(stream):
+        known = db.streams()
+        db.close()
+        raise UnknownStreamError(f"No producer writes stream {stream!r} in {db.shown_url}", got=stream,
+                                 hint=f"known streams are {known}" if known else
+                                 "nothing has run on this store yet: run the topology first, or check store=")
+    return db
+
+
+def stream_df(stream: str, *, spark: Any, store: str = DEFAULT_STORE_URL, start: str | int = "beginning",
+              from_batch: int = 0) -> Any:
+    """A streaming DataFrame of ``stream``'s committed records, from ``start`` (``"beginning"``,
+    ``"now"``, or a time in ms since the epoch: the batches completed from then on) or after each
+    producer's batch ``from_batch``. Columns: ``key``, ``value`` (pickled bytes, or a struct of
+    typed columns when the stream has a schema), ``timestamp`` (ms), ``id``, ``producer``, ``batch``."""
+    return _frame(stream, spark, store, start, from_batch, streaming=True)
+
+
+def table_df(stream: str, *, spark: Any, store: str = DEFAULT_STORE_URL, start: str | int = "beginning",
+             from_batch: int = 0) -> Any:
+    """``stream_df``'s records committed so far, as a batch DataFrame."""
+    return _frame(stream, spark, store, start, from_batch, streaming=False)
+
+
+def _frame(stream: str, spark: Any, store: str, start: str | int, from_batch: int, *, streaming: bool) -> Any:
+    if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
+        raise OptionError("A stream DataFrame starts from 'beginning', 'now' or a time in ms since the epoch",
+                          got=start, hint="start='beginning', or from_batch=N to skip each producer's first N batches")
+    if isinstance(from_batch, bool) or not isinstance(from_batch, int) or from_batch < 0:
+        raise OptionError("from_batch must be an integer >= 0", got=from_batch, hint="e.g. from_batch=10")
+    from .spark.frames import schema_key, stream_frame
+
+    db = open_stream(store, stream)
+    try:
+        ddl, url = db.get_meta(schema_key(stream)) or "", db.url
+    finally:
+        db.close()
+    return stream_frame(spark, stream, url, ddl, streaming=streaming, start=start, from_batch=from_batch)
+
+
+def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]]) -> Iterator[Record]:
+    try:
+        for producer, after, upto in ranges:
+            for _, r in db.read_segments(stream, producer, after, upto):
+                yield Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
     finally:
         db.close()
 

@@ -52,12 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_dash.add_argument("--store", default=DEFAULT_STORE_URL)
     p_dash.add_argument("--port", type=int, default=8050, help="0: any free port")
     p_dash.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves every interface")
+    p_run.add_argument("--no-ui", action="store_true", help="turn Spark's web UI off (it is on, and its URL printed)")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
     p_read = sub.add_parser("read", help="print the committed records of a stream as JSON lines")
     p_read.add_argument("stream")
     p_read.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_read.add_argument("--limit", type=int, default=None, help="print at most this many records")
     p_status = sub.add_parser("status", help="every stage's watermarks, lag, throughput, backlog, owners, alerts")
     p_status.add_argument("--store", default=DEFAULT_STORE_URL)
     p_status.add_argument("--json", action="store_true", help="the same as JSON (one object per refresh)")
@@ -81,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
                          mode=args.mode, metrics_port=args.metrics_port,
-                         dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr)
+                         dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr,
+                         ui=not args.no_ui)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "dashboard":
@@ -102,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{producer:<32} batch {info.batch:>6}  input {show_mark(info.input_watermark):<26} "
                           f"output {show_mark(info.output_watermark)}")
         elif args.command == "read":
-            for record in read(args.stream, args.store):
+            for record in read(args.stream, args.store, limit=args.limit):
                 print(json.dumps(record._asdict(), default=repr))
         elif args.command == "status":
             while True:

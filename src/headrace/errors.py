@@ -13,6 +13,7 @@ __all__ = [
     "FencedWriterError",
     "StaleBatchError",
     "StoreError",
+    "SchemaMismatchError",
 ]
 
 
@@ -77,3 +78,7 @@ class FencedWriterError(StoreError):
 
 class StaleBatchError(StoreError):
     """A batch was committed for a shard that has already moved past it."""
+
+
+class SchemaMismatchError(HeadraceError, TypeError):
+    """A value produced to a typed stream does not fit the stream's schema."""

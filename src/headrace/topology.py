@@ -8,11 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from .errors import OptionError, TopologyError
 from .model import Computation, ComputationOptions, KeyExtractor, MonoidComputation
+from .schema import StreamSchema
 
-__all__ = ["Topology", "ComputationSpec", "Injection", "InjectOptions"]
+__all__ = ["Topology", "ComputationSpec", "Injection", "InjectOptions", "SinkSpec"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
@@ -106,6 +108,66 @@ class ComputationSpec:
     options: ComputationOptions
 
 
+FILE_FORMATS = ("parquet", "json")
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """Where ``Topology.sink`` sends a stream's committed records: a file sink (``format``,
+    ``path``), a JDBC table (``jdbc``, ``table``, ``properties``) or ``foreach_batch(df, batch_id)``."""
+
+    name: str
+    stream: str
+    kind: str  # "file", "jdbc" or "foreach_batch"
+    format: str | None = None
+    path: str | None = None
+    jdbc: str | None = None
+    table: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    foreach_batch: Callable[[Any, int], None] | None = None
+
+
+def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
+    """``jdbc:postgresql://host:port/db?user=...`` (and ``properties``) as a libpq URL."""
+    if not jdbc.startswith("jdbc:postgresql://"):
+        raise OptionError("A JDBC sink writes to PostgreSQL", got=jdbc, hint="jdbc='jdbc:postgresql://host:5432/db'")
+    parts = urlsplit(jdbc[len("jdbc:"):])
+    params = {**dict(parse_qsl(parts.query)), **dict(properties)}
+    user, password = params.pop("user", None), params.pop("password", None)
+    auth = f"{quote(user, safe='')}{':' + quote(password, safe='') if password else ''}@" if user else ""
+    return f"postgresql://{auth}{parts.netloc}{parts.path}"
+
+
+def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> SinkSpec:
+    kinds = {"file": ("format", "path"), "jdbc": ("jdbc", "table", "properties"), "foreach_batch": ("foreach_batch",)}
+    valid = [o for names in kinds.values() for o in names]
+    for option, value in options.items():
+        if option not in valid:
+            raise OptionError(f"Sink of stream {stream!r}: unknown option {option!r}", got=value,
+                              hint=f"valid options are {valid}")
+    chosen = [k for k, names in kinds.items() if any(n in options for n in names)]
+    if len(chosen) != 1:
+        raise OptionError(f"Sink of stream {stream!r} needs one target", got=sorted(options),
+                          hint="pass format= and path= (a file sink), jdbc=, table= and properties= (a JDBC table), "
+                               "or foreach_batch=fn")
+    kind = chosen[0]
+    missing = [n for n in kinds[kind] if n not in options and n != "properties"]
+    if missing:
+        raise OptionError(f"Sink of stream {stream!r} needs option {missing[0]!r}", got=sorted(options),
+                          hint=f"a {kind} sink takes {list(kinds[kind])}")
+    if kind == "file" and options["format"] not in FILE_FORMATS:
+        raise OptionError(f"Sink of stream {stream!r}: format must be one of {list(FILE_FORMATS)}",
+                          got=options["format"], hint="format='parquet'")
+    if kind == "foreach_batch" and not callable(options["foreach_batch"]):
+        raise OptionError(f"Sink of stream {stream!r}: foreach_batch must be a function (df, batch_id)",
+                          got=options["foreach_batch"], hint="foreach_batch=lambda df, batch_id: df.show()")
+    if kind == "jdbc":
+        libpq_url(options["jdbc"], options.get("properties") or {})  # refuses a URL that is not PostgreSQL's
+    label = check_name("sink", name if name is not None else f"{stream}-{kind}")
+    return SinkSpec(label, stream, kind, **{k: v for k, v in options.items() if k != "properties"},
+                    properties=dict(options.get("properties") or {}))
+
+
 def as_extractor(owner: str, stream: str, extractor: object) -> KeyExtractor:
     if isinstance(extractor, KeyExtractor):
         return extractor
@@ -174,6 +236,8 @@ class Topology:
         self.name = check_name("topology", name)
         self.injections: dict[str, Injection] = {}
         self.computations: dict[str, ComputationSpec] = {}
+        self.schemas: dict[str, StreamSchema] = {}
+        self.sinks: dict[str, SinkSpec] = {}
 
     # -- building -------------------------------------------------------------------------------
 
@@ -249,6 +313,39 @@ class Topology:
         self._refuse_cycle(spec)
         self.computations[label] = spec
         return spec
+
+    def stream(self, name: str, *, schema: Any) -> StreamSchema:
+        """Declare the schema of stream ``name`` (injected, or an output of a computation already
+        added): a Spark DDL string (``"user STRING, n BIGINT"``) or a ``pyarrow.Schema``. Every
+        value produced to it must then be a dict that fits; its DataFrame view has typed columns."""
+        check_name("stream", name)
+        if name not in self.streams():
+            raise TopologyError(f"Topology {self.name!r} cannot type stream {name!r}: nothing produces it",
+                                got=name, hint=f"inject it or add its producer first; known streams are "
+                                               f"{sorted(self.streams())}")
+        self.schemas[name] = StreamSchema(schema)
+        return self.schemas[name]
+
+    def sink(self, stream: str, *, name: str | None = None, **options: Any) -> SinkSpec:
+        """Write ``stream``'s committed records out as the topology runs, exactly once per
+        committed batch: ``format="parquet"|"json", path=...`` (Spark's file sink), ``jdbc=url,
+        table=..., properties={"user": ..., "password": ...}`` (rows keyed by producer and batch,
+        replaced when a batch is written again), or ``foreach_batch=fn`` (``fn(df, batch_id)``;
+        a replayed ``batch_id`` carries the same records). Rows have ``stream_df``'s columns."""
+        check_name("stream", stream)
+        if stream not in self.streams():
+            raise TopologyError(f"Topology {self.name!r} cannot sink stream {stream!r}: nothing produces it",
+                                got=stream, hint=f"known streams are {sorted(self.streams())}")
+        spec = parse_sink(stream, name, options)
+        if spec.name in self.sinks:
+            raise TopologyError(f"Topology {self.name!r} already has a sink named {spec.name!r}", got=spec.name,
+                                hint="pass a distinct name: topology.sink(stream, name='...', ...)")
+        self.sinks[spec.name] = spec
+        return spec
+
+    def schemas_of(self, names: Iterable[str]) -> dict[str, StreamSchema]:
+        """The schemas of the typed streams among ``names``."""
+        return {n: self.schemas[n] for n in names if n in self.schemas}
 
     def remove(self, name: str) -> ComputationSpec:
         """Remove a computation; refused while another computation consumes a stream only it produces."""

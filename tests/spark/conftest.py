@@ -1,23 +1,8 @@
 from __future__ import annotations
 
-import os
-import sys
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local SparkSession (one JVM) for the whole test session."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from headrace.spark.session import spark_session
-
-    session = spark_session("local[2]", app_name="headrace-tests")
-    yield session
-    for query in session.streams.active:
-        query.stop()
-    session.stop()
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ def test_a_record_whose_key_cannot_be_extracted_fails_the_run_naming_it_then_res
     assert "KeyError: 'user'" in str(failure.value)
     assert ("The query of computation 'Counter' failed" if mode == "microbatch"
             else "A continuous worker failed") in str(failure.value)
-    assert read("counts", store_url) == []
+    assert list(read("counts", store_url)) == []
 
     def fixed_extractor(v: dict[str, Any]) -> str:
         return v.get("user", "anonymous")
@@ -106,4 +106,4 @@ def test_an_injected_record_with_a_missing_or_absurd_timestamp_stops_the_run_nam
         spark: Any, store_url: str, bad: dict[str, Any], message: str, mode: str) -> None:
     with pytest.raises(OptionError, match=re.escape(message)):
         run(topology(CountPerUser, EVENTS[:10] + [bad]), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
-    assert read("events", store_url) == []  # the whole (exact-watermark) list is checked before anything is published
+    assert list(read("events", store_url)) == []  # the whole (exact-watermark) list is checked before anything is published

@@ -48,6 +48,8 @@ def test_cli_runs_a_topology_then_shows_watermarks_and_reads_a_stream(
     counts = sorted((json.loads(line)["value"]["word"], json.loads(line)["value"]["n"])
                     for line in capsys.readouterr().out.splitlines())
     assert counts == [("a", 3), ("b", 2), ("c", 2)]
+    assert cli.main(["read", "counts", "--store", store, "--limit", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
 
 
 def test_cli_refuses_a_target_that_is_not_module_colon_attribute(capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,6 +68,7 @@ def test_progress_is_shown_while_it_runs(spark: Any, store_url: str) -> None:
         runner.wait(timeout_s=240)
     finally:
         runner.stop()
-    lines = out.getvalue().splitlines()
+    ui, *lines = out.getvalue().splitlines()
+    assert re.fullmatch(r"headrace: Spark UI at http://\S+:\d+", ui), ui  # first, where to watch it
     assert len(lines) >= 2
     assert all("inject:searches: wm=" in line and "WindowCounter: wm=" in line for line in lines)

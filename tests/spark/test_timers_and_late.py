@@ -60,7 +60,7 @@ def test_watermark_timers_fire_after_every_earlier_record(spark: Any, store_url:
     t.inject("searches", injectors.records(events, timestamp="ts", batch_size=50))
     t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=2)
     run(t, store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
-    produced = read("window_counts", store_url)
+    produced = list(read("window_counts", store_url))
     # a timer that fired before some record of its bucket arrived would emit a short count (and then
     # fail on a second firing); every count is complete and every window emitted exactly once
     assert sorted(((r.value["query"], r.value["bucket"]), r.value["count"]) for r in produced) == \

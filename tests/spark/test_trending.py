@@ -14,7 +14,7 @@ def test_trending_top_k_per_topic_and_window_equals_the_oracle(spark: Any, store
     expected = oracle(events)
     assert len(expected) >= 12 and any(len(top) == TOP_K for top in expected.values())
     run(build(events, batch_size=400), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
-    produced = read("trending", store_url)
+    produced = list(read("trending", store_url))
     got = {(r.value["topic"], r.value["window"]): r.value["top"] for r in produced}
     assert len(produced) == len(got)  # every (topic, window) ranked exactly once
     assert got == expected

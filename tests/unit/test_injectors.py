@@ -130,5 +130,8 @@ def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(
     assert [r.value["b"] for r in read("s", url, from_batch=1)] == [2, 3]
     assert [r.value["b"] for r in read("s", url, since_ms=2_000)] == [2, 3]  # completed at or after
     assert [r.value["b"] for r in read("s", url, since_ms=2_001)] == [3]
+    records = read("s", url, limit=2)
+    assert not isinstance(records, list) and [r.value["b"] for r in records] == [1, 2]  # an iterator, cut at limit
+    assert next(read("s", url, from_batch=2)).value == {"b": 3}
     assert store.trim_segments(2_001) == 2
     assert [r.value["b"] for r in read("s", url)] == [3]

@@ -236,7 +236,10 @@ def test_reading_a_stream_nobody_produces_lists_the_known_streams(tmp_path: Any)
             f"No producer writes stream 'wrods' in sqlite:///{tmp_path}/s.db (got 'wrods'). Hint: known streams "
             "are ['counts', 'words']")):
         read("wrods", url)
-    assert read("words", url) == []  # declared, nothing produced yet: empty, not an error
+    assert list(read("words", url)) == []  # declared, nothing produced yet: empty, not an error
+    with pytest.raises(OptionError, match=exact(
+            "read(limit=...) must be an integer >= 0 or None (got -1). Hint: e.g. read('counts', store=..., limit=10)")):
+        read("words", url, limit=-1)
 
 
 def test_a_watermark_percentile_must_name_an_input_and_lie_in_0_to_100() -> None:

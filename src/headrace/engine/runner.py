@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from ..errors import StoreError
 from ..model import Computation, ComputationOptions, MonoidComputation
@@ -19,7 +20,7 @@ from .batch import InputRecord, Production, ShardBatch, ShardCommit, ShardSnapsh
 from .dedup import DedupIndex
 from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
 from .ports import IntervalStore, Journal, ShardStore
-from .shard import process_shard
+from .shard import ValueCheck, process_shard
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
 
@@ -78,6 +79,7 @@ def prepare_shard_batch(
     store: ShardStore,
     batch: ShardBatch,
     dedup_cache: DedupCache | None = None,
+    schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardResult | PreparedBatch:
     """Load the shard, drop duplicates and run user code: the batch prepared for its commit, or a
     result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work)."""
@@ -109,7 +111,7 @@ def prepare_shard_batch(
                                           is_duplicate or (lambda ids: set()))
         else:
             commit = process_shard(computation, name, options, outputs, batch, snapshot,
-                                   is_duplicate or (lambda ids: set()))
+                                   is_duplicate or (lambda ids: set()), schemas)
     except BaseException:
         txn.abort()
         raise
@@ -124,6 +126,7 @@ def run_shard_batch(
     store: ShardStore,
     batch: ShardBatch,
     dedup_cache: DedupCache | None = None,
+    schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
     prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache)

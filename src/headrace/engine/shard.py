@@ -8,16 +8,22 @@ whole outcome becomes one ``ShardCommit``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import HeadraceError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
 from .batch import DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
 from .watermark import output_low_watermark
 
-__all__ = ["KeyContext", "process_shard"]
+__all__ = ["KeyContext", "process_shard", "ValueCheck"]
 
 _UNSET: Any = object()
+
+
+class ValueCheck(Protocol):
+    """A typed stream's schema as the engine sees it (``headrace.schema.StreamSchema``)."""
+
+    def require(self, stream: str, value: Any) -> None: ...
 
 
 class KeyContext:
@@ -26,12 +32,13 @@ class KeyContext:
     __slots__ = (
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
         "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
-        "timer_sets", "timer_deletes", "_late_before", "late_productions",
+        "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
-                 id_prefix: str, late_before: int):
+                 id_prefix: str, late_before: int, schemas: Mapping[str, ValueCheck] | None = None):
         self._owner = owner
+        self._schemas = schemas or {}
         self._codec = options.codec
         self._outputs = outputs
         self._id_prefix = id_prefix
@@ -148,6 +155,8 @@ class KeyContext:
                 got=stream,
                 hint=f"declare it: topology.add(..., outputs={sorted(self._outputs | {stream})})",
             )
+        if stream in self._schemas:
+            self._schemas[stream].require(stream, value)
         if timestamp is None:
             timestamp = self._timestamp
         elif type(timestamp) is not int:
@@ -213,6 +222,7 @@ def process_shard(
     batch: ShardBatch,
     snapshot: ShardSnapshot,
     is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
+    schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardCommit:
     """Run user code for one shard batch and return everything it changed, uncommitted."""
     counters = new_counters()
@@ -224,7 +234,8 @@ def process_shard(
     for key in timers_by_key:
         by_key.setdefault(key, [])
 
-    ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark)
+    ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark,
+                     schemas)
     process_record = computation.process_record
     process_timer = computation.process_timer
     w_before, w_after, wall = batch.watermark_before, batch.watermark_after, batch.wall_clock

@@ -25,6 +25,7 @@ from .batch import InputRecord, ShardBatch, shard_of
 from .monoid import Folder, fold_streams
 from .ports import IntervalClaim, IntervalStore
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
+from .shard import ValueCheck
 from .watermark import input_low_watermark
 
 __all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
@@ -51,6 +52,7 @@ class IntervalPlan:
     inputs: Mapping[str, KeyExtractor]
     producers: Mapping[str, tuple[str, ...]]
     dedup_streams: frozenset[str] = frozenset()
+    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed output streams
 
     @property
     def fold_streams(self) -> frozenset[str]:
@@ -191,7 +193,7 @@ class Worker:
                                journal_as=interval_producer(plan.name, interval.shard), partials=partials)
             try:
                 prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
-                                               self.dedup)
+                                               self.dedup, plan.schemas)
                 if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
                     raise StaleBatchError(f"Interval {interval.shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,

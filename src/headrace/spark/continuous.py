@@ -28,11 +28,13 @@ from ..monitor.graph import record_topology
 from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import open_store
 from ..topology import Topology
+from .frames import declare_schemas
 from .inject import DataFrameInjector
 from .query import QueryStats, failure_detail
-from .runner import (InjectorThread, RunResult, _pickle_user_code_by_value, check_injectors, checkpoint_root,
-                     claim_mode, start_injectors)
-from .session import spark_session
+from .runner import (InjectorThread, RunResult, _pickle_user_code_by_value, announce_ui, check_injectors,
+                     checkpoint_root, claim_mode, start_injectors)
+from .session import spark_session, ui_url
+from .sinks import SinkQuery, jdbc_jars, start_sinks
 
 __all__ = ["ContinuousRunner", "continuous_producers"]
 
@@ -52,7 +54,7 @@ def continuous_producers(topology: Topology, stream: str) -> list[str]:
 def plans_of(topology: Topology) -> list[IntervalPlan]:
     return [IntervalPlan(spec.name, spec.cls, spec.options, frozenset(spec.outputs), dict(spec.inputs),
                          {s: tuple(continuous_producers(topology, s)) for s in spec.inputs},
-                         topology.dedup_streams(spec.name))
+                         topology.dedup_streams(spec.name), topology.schemas_of(spec.outputs))
             for spec in topology.computations.values()]
 
 
@@ -102,7 +104,7 @@ class ContinuousRunner:
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
                  poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100,
-                 metrics_port: int | None = None):
+                 metrics_port: int | None = None, ui: bool = True):
         self.topology = topology
         self.metrics_port = check_metrics_port(metrics_port)
         self.store = open_store(store)
@@ -111,7 +113,9 @@ class ContinuousRunner:
         self.lease_ms, self.poll_ms, self.workers, self.authority_every_ms = lease_ms, poll_ms, workers, authority_every_ms
         self.run_id = uuid.uuid4().hex[:12]
         self.driver = (f"driver:{topology.name}", uuid.uuid4().hex[:12])  # (meta key, this driver's id)
+        self.ui = ui
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
+        self.sinks: list[SinkQuery] = []
         self.errors: list[BaseException] = []
         self.resubmissions = 0
         self.removed: set[str] = set()
@@ -126,7 +130,9 @@ class ContinuousRunner:
     def start(self) -> "ContinuousRunner":
         self._started = time.time()
         if self.spark is None:
-            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
+            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
+                                       conf=jdbc_jars(self.topology), ui=self.ui)
+        announce_ui(self.spark, self.progress)
         _pickle_user_code_by_value(self.topology)
         claim_mode(self.store, self.topology.name, "continuous")
         self.store.put_meta(*self.driver)  # the newest driver of a topology is its only one; older ones stop
@@ -136,10 +142,12 @@ class ContinuousRunner:
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
         self._record_topology()
+        declare_schemas(self.store, self.topology.schemas)
         self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
         announce_metrics(self.watcher, self.progress)
-        self.injectors = start_injectors(self.topology, self.url, checkpoint_root(self.store, self.topology.name, None),
-                                         200, self.errors.append)
+        checkpoints = checkpoint_root(self.store, self.topology.name, None)
+        self.injectors = start_injectors(self.topology, self.url, checkpoints, 200, self.errors.append)
+        self.sinks = start_sinks(self.spark, self.topology, self.url, checkpoints, 200)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
         self._authority = threading.Thread(target=self._run_authority, name="headrace-watermark-authority",
@@ -215,11 +223,11 @@ class ContinuousRunner:
         self._job.start()
 
     def slots(self) -> int:
-        """Worker slots: the cluster's task slots less one per streaming-DataFrame injector (its
-        queries need a slot to run), and at least one."""
+        """Worker slots: the cluster's task slots less one per streaming-DataFrame injector and one
+        for the sinks (their queries need a slot to run), and at least one."""
         if self.workers is not None:
             return self.workers
-        reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values())
+        reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values()) + bool(self.sinks)
         return max(1, self.spark.sparkContext.defaultParallelism - reserved)
 
     def _run_job(self) -> None:
@@ -229,7 +237,8 @@ class ContinuousRunner:
         failures: list[float] = []
         while not self._stopping.is_set() and run_id == self.run_id:
             slots = self.slots()
-            sc.setJobGroup(JOB_GROUP, f"headrace {self.topology.name}: {slots} continuous workers",
+            names = ", ".join(p.name for p in plans)
+            sc.setJobGroup(JOB_GROUP, f"headrace {self.topology.name}: {slots} continuous workers running {names}",
                            interruptOnCancel=True)
             task = _worker_task(self.url, plans, slots, run_id, self.driver, self.lease_ms, self.poll_ms)
             try:
@@ -253,6 +262,8 @@ class ContinuousRunner:
         self._stopping.set()
         for injector in self.injectors.values():
             injector.stop()
+        for sink in self.sinks:
+            sink.stop()
         if self.watcher is not None:
             self.watcher.stop()
         try:
@@ -302,6 +313,8 @@ class ContinuousRunner:
     def check(self) -> None:
         try:
             check_injectors(self.errors, self.injectors)
+            for sink in self.sinks:
+                sink.check()
         except Exception as exc:
             record_error(self.store, blamed(self.topology, exc), exc)
             raise
@@ -320,6 +333,8 @@ class ContinuousRunner:
                 print(self.describe(), file=self.progress, flush=True)
                 last_report = time.time()
             time.sleep(0.05)
+        for sink in self.sinks:
+            sink.flush()
         self.check()
         return self.result()
 
@@ -328,7 +343,8 @@ class ContinuousRunner:
         for name in self.topology.computations:
             inp, out = self._marks.get(name, (BEGINNING_OF_TIME, BEGINNING_OF_TIME))
             stats[name] = QueryStats(self.batches(name), inp, out, self.store.counters(name), 0.0)
-        return RunResult(time.time() - self._started, stats, {p: i.published for p, i in self.injectors.items()})
+        return RunResult(time.time() - self._started, stats, {p: i.published for p, i in self.injectors.items()},
+                         ui_url(self.spark))
 
     def watermarks(self) -> dict[str, tuple[int, int]]:
         marks = {p: (i.watermark, i.watermark) for p, i in self.injectors.items()}

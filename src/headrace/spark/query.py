@@ -23,6 +23,7 @@ from ..engine import DedupCache, InputRecord, Partial, ShardBatch, finish_batch,
 from ..engine.monoid import fold_streams
 from ..errors import UserCodeError
 from ..model import BEGINNING_OF_TIME, MonoidComputation
+from ..schema import StreamSchema
 from ..store import open_store, shared_store
 from ..store.monitoring import WHOLE_COMPUTATION
 from ..topology import ComputationSpec, Topology
@@ -41,7 +42,7 @@ _DEDUP = DedupCache()
 
 
 def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: int,
-                    dedup_streams: frozenset[str]) -> Callable[..., Iterator[pa.RecordBatch]]:
+                    dedup_streams: frozenset[str], schemas: dict[str, StreamSchema]) -> Callable[..., Iterator[pa.RecordBatch]]:
     name, options, cls = spec.name, spec.options, spec.cls
     outputs = frozenset(spec.outputs)
 
@@ -77,7 +78,7 @@ def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: i
             wm_before, wm_after, wall = control[shard]
             batch = ShardBatch(name, shard, batch_no, per_shard.get(shard, []), wm_before, wm_after, wall,
                                sequencer, dedup_streams, rejected.get(shard, []), partials=partials.get(shard, []))
-            result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP)
+            result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP, schemas)
             rows["shard"].append(shard)
             rows["outcome"].append(result.state.value)
             rows["counters"].append(json.dumps(result.counters))
@@ -142,6 +143,7 @@ class ComputationQuery:
         self.sequencer = self.store.acquire_writer(spec.name)
         self.subscriptions = [(s, p) for s in spec.inputs for p in topology.producers(s)]
         self.dedup_streams = topology.dedup_streams(spec.name)
+        self.schemas = topology.schemas_of(spec.outputs)
         last = self.store.latest_batch(spec.name)
         self.stats = QueryStats()
         if last is not None:
@@ -165,6 +167,7 @@ class ComputationQuery:
               .option("parallelism", str(self.spark.sparkContext.defaultParallelism))
               .option("percentiles", json.dumps(dict(self.spec.options.watermark_percentile))).load())
         self._started = time.time()
+        df = observe_progress(df)
         self.query = (df.writeStream.foreachBatch(self._on_batch)
                       .option("checkpointLocation", self.checkpoint)
                       .queryName(f"headrace-{self.spec.name}")
@@ -177,8 +180,12 @@ class ComputationQuery:
         began = time.perf_counter()
         spec, batch_no = self.spec, batch_id + 1
         shards = spec.options.shards
+        records = self.batch_records(batch_id)
+        df.sparkSession.sparkContext.setJobDescription(
+            f"headrace {spec.name}: batch {batch_no}, {'?' if records is None else records} records")
         results = (df.repartition(shards, "part")
-                   .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams),
+                   .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams,
+                                               self.schemas),
                                RESULT_DDL)
                    .collect())
         if not results:
@@ -197,6 +204,19 @@ class ComputationQuery:
                     self.stats.counters[k] = self.stats.counters.get(k, 0) + v
             self.stats.last_batch_ms = (time.perf_counter() - began) * 1000
 
+    def batch_records(self, batch_id: int) -> int | None:
+        """How many records Spark batch ``batch_id`` reads: its offsets are in the query's offset log
+        before it runs (``None`` when the start is unknown: the first batch of a late start)."""
+        end = _logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id)))
+        if batch_id > 0:
+            start = _logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id - 1)))
+        else:
+            start = {"b": {}} if self.start_from == "beginning" else None
+        if end is None or start is None:
+            return None
+        return sum(self.store.segment_records(stream, p, start["b"].get(p, 0), end["b"].get(p, 0))
+                   for stream, p in self.subscriptions)
+
     def check(self) -> None:
         """Raise the query's failure, if it failed."""
         if self.query is not None and self.query.exception() is not None:
@@ -211,11 +231,30 @@ class ComputationQuery:
 def offsets_read(checkpoint: str, batch_id: int) -> dict[str, int] | None:
     """The producer batches Spark's offset log says batch ``batch_id`` read up to (its source's end
     offset, docs/monitoring.md), or None if the log is not in the expected form."""
+    end = _logged_offset(os.path.join(checkpoint, "offsets", str(batch_id)))
     try:
-        with open(os.path.join(checkpoint, "offsets", str(batch_id))) as f:
-            lines = f.read().splitlines()
-        return {str(p): int(b) for p, b in json.loads(lines[2])["b"].items()}
-    except (OSError, ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return {str(p): int(b) for p, b in end["b"].items()} if end is not None else None
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+
+
+def observe_progress(df: Any) -> Any:
+    """Observed metrics in each batch's ``StreamingQueryProgress.observedMetrics["headrace"]``:
+    the computation's input low watermark after the batch (its lag is the progress event's
+    ``timestamp`` minus it), and the records and rejected (bad input) rows the batch read."""
+    from pyspark.sql import functions as F
+
+    watermark = F.max(F.when(F.col("kind") == CONTROL, F.col("wm_after")))
+    return df.observe("headrace", watermark.alias("watermark"),
+                      F.count(F.when(F.col("kind") != CONTROL, 1)).alias("records"),
+                      F.count(F.when(F.col("kind") == REJECTED, 1)).alias("rejected"))
+
+
+def _logged_offset(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.loads(f.read().splitlines()[-1])  # type: ignore[no-any-return]
+    except (OSError, ValueError, IndexError):
         return None
 
 

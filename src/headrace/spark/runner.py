@@ -19,9 +19,11 @@ from ..monitor.graph import record_topology
 from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
+from .frames import declare_schemas
 from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import ComputationQuery, QueryStats
-from .session import spark_session
+from .session import spark_session, ui_url
+from .sinks import SinkQuery, jdbc_jars, start_sinks
 
 __all__ = ["SparkRunner", "RunResult"]
 
@@ -136,6 +138,13 @@ class RunResult:
     elapsed_s: float
     stats: dict[str, QueryStats] = field(default_factory=dict)
     injected: dict[str, int] = field(default_factory=dict)
+    ui_url: str | None = None  # the Spark web UI the run was watchable in
+
+
+def announce_ui(spark: Any, progress: TextIO | None) -> None:
+    url = ui_url(spark)
+    if progress is not None and url:
+        print(f"headrace: Spark UI at {url}", file=progress, flush=True)
 
 
 def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> str:
@@ -182,7 +191,7 @@ class SparkRunner:
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
                  progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
-                 metrics_port: int | None = None):
+                 metrics_port: int | None = None, ui: bool = True):
         self.topology = topology
         self.metrics_port = check_metrics_port(metrics_port)
         opened = open_store(store)  # validates the URL early
@@ -194,6 +203,7 @@ class SparkRunner:
                 for producer in topology.producers(stream):
                     opened.declare_stream(stream, producer)
             self._record_topology(opened)
+            declare_schemas(opened, topology.schemas)
         finally:
             opened.close()
         self.master = master
@@ -202,8 +212,10 @@ class SparkRunner:
         self.progress_every_s = progress_every_s
         self.spark = spark
         self.retention_ms = retention_ms
+        self.ui = ui
         self._last_trim = 0.0
         self.queries: dict[str, ComputationQuery] = {}
+        self.sinks: list[SinkQuery] = []
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
         self.watcher: Watcher | None = None
@@ -217,7 +229,9 @@ class SparkRunner:
     def start(self) -> "SparkRunner":
         self._started = time.time()
         if self.spark is None:
-            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}")
+            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
+                                       conf=jdbc_jars(self.topology), ui=self.ui)
+        announce_ui(self.spark, self.progress)
         _pickle_user_code_by_value(self.topology)
         self.injectors = start_injectors(self.topology, self.url, self.checkpoint_root, self.trigger_ms,
                                          self.errors.append)
@@ -225,6 +239,7 @@ class SparkRunner:
             self.add(spec.name)
         self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
         announce_metrics(self.watcher, self.progress)
+        self.sinks = start_sinks(self.spark, self.topology, self.url, self.checkpoint_root, self.trigger_ms)
         return self
 
     def add(self, name: str, start: str | int = "beginning") -> ComputationQuery:
@@ -277,6 +292,8 @@ class SparkRunner:
             check_injectors(self.errors, self.injectors)
             for q in self.queries.values():
                 q.check()
+            for sink in self.sinks:
+                sink.check()
         except Exception as exc:
             store = open_store(self.url)
             try:
@@ -299,6 +316,8 @@ class SparkRunner:
                 print(self.describe(), file=self.progress, flush=True)
                 last_report = time.time()
             time.sleep(0.1)
+        for sink in self.sinks:
+            sink.flush()
         self.check()
         return self.result()
 
@@ -315,11 +334,13 @@ class SparkRunner:
 
     def result(self) -> RunResult:
         return RunResult(time.time() - self._started, {n: q.stats for n, q in self.queries.items()},
-                         {s: t.published for s, t in self.injectors.items()})
+                         {s: t.published for s, t in self.injectors.items()}, ui_url(self.spark))
 
     def stop(self) -> None:
         for injector in self.injectors.values():
             injector.stop()
+        for sink in self.sinks:
+            sink.stop()
         for q in list(self.queries.values()):
             q.stop()
         if self.watcher is not None:

@@ -6,11 +6,13 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["spark_session"]
+__all__ = ["spark_session", "ui_url"]
 
 
-def spark_session(master: str = "local[*]", app_name: str = "headrace", conf: dict[str, str] | None = None) -> Any:
-    """Get (or create) the session; registers the ``headrace`` streaming source.
+def spark_session(master: str = "local[*]", app_name: str = "headrace", conf: dict[str, str] | None = None,
+                  ui: bool = True) -> Any:
+    """Get (or create) the session; registers the ``headrace`` streaming source. ``ui=False``
+    turns Spark's web UI off (it is on by default; ``ui_url(spark)`` says where).
 
     Python workers run ``PYSPARK_PYTHON``; it defaults to this interpreter so they find headrace.
     """
@@ -24,7 +26,7 @@ def spark_session(master: str = "local[*]", app_name: str = "headrace", conf: di
                .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
                .config("spark.sql.adaptive.enabled", "false")
                .config("spark.sql.shuffle.partitions", "8")
-               .config("spark.ui.enabled", "false")
+               .config("spark.ui.enabled", "true" if ui else "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.python.worker.reuse", "true")
                .config("spark.sql.session.timeZone", "UTC")
@@ -36,3 +38,8 @@ def spark_session(master: str = "local[*]", app_name: str = "headrace", conf: di
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(HeadraceSource)
     return spark
+
+
+def ui_url(spark: Any) -> str | None:
+    """Where the session's Spark web UI listens (``None`` when it is off)."""
+    return spark.sparkContext.uiWebUrl

@@ -45,6 +45,24 @@ class SegmentRange(InputPartition):
     wm_before: int = BEGINNING_OF_TIME  # the batch's input watermark before: a monoid's read folds no late record
 
 
+class LazyStore:
+    """A reader's store on the driver, opened on first use."""
+
+    url: str
+    _store: Any = None
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = open_store(self.url)
+        return self._store
+
+    def stop(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
 class HeadraceSource(DataSource):
     """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
     ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
@@ -63,7 +81,7 @@ class HeadraceSource(DataSource):
         return HeadraceReader(self.options)
 
 
-class HeadraceReader(DataSourceStreamReader):
+class HeadraceReader(LazyStore, DataSourceStreamReader):
     def __init__(self, options: dict[str, str]):
         self.url = options["store"]
         self.computation = options["computation"]
@@ -73,13 +91,6 @@ class HeadraceReader(DataSourceStreamReader):
         self.keying = Keying.from_option(options["keying"])
         self.parallelism = max(1, int(options.get("parallelism", "2")))
         self.percentiles: dict[str, float] = json.loads(options.get("percentiles", "{}"))
-        self._store: Any = None
-
-    @property
-    def store(self) -> Any:
-        if self._store is None:
-            self._store = open_store(self.url)
-        return self._store
 
     def _latest(self) -> dict[str, int]:
         latest = {}
@@ -155,11 +166,6 @@ class HeadraceReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         pass
-
-    def stop(self) -> None:
-        if self._store is not None:
-            self._store.close()
-            self._store = None
 
 
 def _as_source_batches(table: pa.Table, stream: str) -> Iterator[pa.RecordBatch]:

@@ -15,7 +15,11 @@ from typing import Callable
 from ..errors import OptionError
 from .base import COMMIT_STEPS
 
-__all__ = ["failpoint_from_env"]
+__all__ = ["failpoint_from_env", "STEPS"]
+
+# The commit steps, and ``stream_read``: inside a read task of a stream's DataFrame view, after each
+# segment it hands on (when a sink writes the stream, that task is the sink's write).
+STEPS = (*COMMIT_STEPS, "stream_read")
 
 
 def failpoint_from_env(value: str | None = None) -> Callable[[str], None] | None:
@@ -27,9 +31,9 @@ def failpoint_from_env(value: str | None = None) -> Callable[[str], None] | None
         step, _, action = part.partition("=")
         kind, _, rest = action.partition(":")
         ms, _, mark_dir = rest.partition(":")
-        if step not in COMMIT_STEPS or kind != "sleep" or not ms.isdigit():
+        if step not in STEPS or kind != "sleep" or not ms.isdigit():
             raise OptionError("HEADRACE_FAILPOINTS entries read step=sleep:MS[:MARK_DIR]", got=part,
-                              hint=f"steps are {list(COMMIT_STEPS)}")
+                              hint=f"steps are {list(STEPS)}")
         actions[step] = (int(ms) / 1000, mark_dir or None)
 
     def failpoint(step: str) -> None:

@@ -529,6 +529,12 @@ class SQLStore(MonitorQueries):
                                         "SELECT DISTINCT producer FROM segments WHERE stream = ? ORDER BY 1",
                                         (stream, stream))]
 
+    def segment_records(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> int:
+        """How many records ``producer``'s segments on ``stream`` in (after, upto] hold."""
+        row = self._one("SELECT SUM(count) FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ?",
+                        (stream, producer, after_batch, upto_batch))
+        return int(row[0] or 0)
+
     def segment_blobs(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> list[tuple[int, int, bytes]]:
         """Raw segments (batch, shard, Arrow IPC bytes) of ``producer`` on ``stream`` in (after, upto]."""
         return self._all(

@@ -1,0 +1,111 @@
+"""Sinks (``Topology.sink``): one Spark streaming query per sink over the stream's DataFrame view
+(``spark/frames.py``), started by either runner next to the computations.
+
+Exactly once per committed stream batch: the view's offsets are journaled batch numbers, so a
+micro-batch Spark replays after a crash (same batch id, same offsets, from the sink's checkpoint)
+reads the same records. Spark's file sink then records each batch in its ``_spark_metadata`` log
+once, and readers (``spark.read``) see only logged files; the JDBC sink first deletes the rows of
+the (producer, batch) pairs it is about to write, so a batch written again replaces itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import OptionError, UserCodeError
+from ..topology import SinkSpec, Topology, libpq_url
+from .frames import stream_frame
+from .query import failure_detail
+
+__all__ = ["SinkQuery", "start_sinks", "jdbc_jars"]
+
+# Debian's libpostgresql-jdbc-java puts the driver here.
+POSTGRES_JDBC_JAR = "/usr/share/java/postgresql.jar"
+POSTGRES_DRIVER = "org.postgresql.Driver"
+
+
+def jdbc_jars(topology: Topology) -> dict[str, str]:
+    """Spark configuration a topology's JDBC sinks need: the PostgreSQL driver on the classpath."""
+    if not any(s.kind == "jdbc" for s in topology.sinks.values()):
+        return {}
+    if not os.path.exists(POSTGRES_JDBC_JAR):
+        raise OptionError("A JDBC sink needs PostgreSQL's JDBC driver", got=POSTGRES_JDBC_JAR,
+                          hint="apt-get install -y libpostgresql-jdbc-java, or pass spark= a session with the "
+                               "driver in spark.jars")
+    return {"spark.jars": POSTGRES_JDBC_JAR}
+
+
+class SinkQuery:
+    """Starts, runs, drains and stops the streaming query of one sink."""
+
+    def __init__(self, spark: Any, topology: Topology, spec: SinkSpec, url: str, checkpoint_root: str,
+                 trigger_ms: int):
+        self.spark, self.spec, self.url, self.trigger_ms = spark, spec, url, trigger_ms
+        schema = topology.schemas.get(spec.stream)
+        self.ddl = schema.ddl if schema else ""
+        self.checkpoint = os.path.join(checkpoint_root, f"sink-{spec.name}")
+        self.query: Any = None
+
+    def start(self) -> "SinkQuery":
+        df = stream_frame(self.spark, self.spec.stream, self.url, self.ddl, streaming=True)
+        writer = (df.writeStream.queryName(f"headrace-sink-{self.spec.name}")
+                  .option("checkpointLocation", self.checkpoint)
+                  .trigger(processingTime=f"{self.trigger_ms} milliseconds"))
+        if self.spec.kind == "file":
+            writer = writer.format(self.spec.format).option("path", self.spec.path)
+        elif self.spec.kind == "jdbc":
+            writer = writer.foreachBatch(JdbcWrite(self.spec, bool(self.ddl)))
+        else:
+            writer = writer.foreachBatch(self.spec.foreach_batch)
+        self.query = writer.start()
+        return self
+
+    def flush(self) -> None:
+        """Write everything journaled so far (the runner calls it once the topology has drained)."""
+        self.query.processAllAvailable()
+
+    def check(self) -> None:
+        if self.query is not None and self.query.exception() is not None:
+            raise UserCodeError(f"The sink {self.spec.name!r} of stream {self.spec.stream!r} failed",
+                                got_text=failure_detail(self.query.exception()),
+                                hint="fix the cause and run again: the sink resumes from its last committed batch")
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+
+
+class JdbcWrite:
+    """``foreachBatch`` of a JDBC sink: replace the rows of the batch's (producer, batch) pairs."""
+
+    def __init__(self, spec: SinkSpec, typed: bool):
+        self.spec, self.typed = spec, typed
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = df.select("key", *(["value.*"] if self.typed else ["value"]), "timestamp", "id", "producer", "batch")
+        rows.persist()
+        try:
+            pairs = [(r.producer, r.batch) for r in rows.select("producer", "batch").distinct().collect()]
+            if pairs:
+                self._delete(pairs)
+                rows.write.jdbc(self.spec.jdbc, self.spec.table, mode="append",
+                                properties={"driver": POSTGRES_DRIVER, **self.spec.properties})
+        finally:
+            rows.unpersist()
+
+    def _delete(self, pairs: list[tuple[str, int]]) -> None:
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(libpq_url(self.spec.jdbc, self.spec.properties), autocommit=True) as conn:
+            table = sql.Identifier(*self.spec.table.split("."))
+            exists = conn.execute("SELECT to_regclass(%s)", (self.spec.table,)).fetchone()
+            if exists and exists[0] is not None:
+                conn.execute(sql.SQL("DELETE FROM {} WHERE (producer, batch) IN (SELECT * FROM unnest(%s::text[], "
+                                     "%s::bigint[]))").format(table), ([p for p, _ in pairs], [b for _, b in pairs]))
+
+
+def start_sinks(spark: Any, topology: Topology, url: str, checkpoint_root: str, trigger_ms: int) -> list[SinkQuery]:
+    return [SinkQuery(spark, topology, spec, url, checkpoint_root, trigger_ms).start()
+            for spec in topology.sinks.values()]

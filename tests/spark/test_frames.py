@@ -1,0 +1,85 @@
+"""Streams as Spark DataFrames: ``stream_df`` under an unmodified Spark aggregation equals the
+oracle, a typed stream's schema is the DataFrame's, and a value that does not fit is dead-lettered
+with the reason (both execution modes)."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from headrace import Computation, Topology, injectors, key_by, read, run, stream_df, table_df
+from headrace.errors import OptionError, UnknownStreamError
+
+USERS = ["ann", "bob", "cy", "dee", "eve"]
+BAD = 77  # the event whose production does not fit the schema
+
+
+def events(n: int = 400) -> list[dict[str, Any]]:
+    return [{"user": USERS[i * 7 % len(USERS)], "n": i, "ts": 1_000 + i * 10} for i in range(n)]
+
+
+class Typed(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        n = record.value["n"]
+        ctx.produce("typed", {"user": ctx.key, "n": "seventy-seven" if n == BAD else n})
+
+
+def build(data: list[dict[str, Any]]) -> Topology:
+    t = Topology("frames")
+    t.inject("events", injectors.records(data, timestamp="ts", batch_size=50))
+    t.add(Typed, inputs={"events": key_by("user")}, outputs=["typed"], on_error="dead_letter", shards=2)
+    t.stream("typed", schema="user STRING, n BIGINT")
+    return t
+
+
+def test_stream_df_counts_equal_the_oracle_and_a_value_that_does_not_fit_is_dead_lettered(
+        spark: Any, store_url: str, mode: str) -> None:
+    data = events()
+    run(build(data), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
+    oracle = Counter(e["user"] for e in data if e["n"] != BAD)
+
+    df = stream_df("typed", spark=spark, store=store_url)
+    assert df.isStreaming
+    assert df.schema.simpleString() == ("struct<key:string,value:struct<user:string,n:bigint>,timestamp:bigint,"
+                                        "id:string,producer:string,batch:bigint>")
+    query = (df.groupBy("value.user").count().writeStream.outputMode("complete").format("memory")
+             .queryName(f"frames_{mode}").start())
+    try:
+        query.processAllAvailable()
+        counted = {r["user"]: r["count"] for r in spark.sql(f"SELECT * FROM frames_{mode}").collect()}
+    finally:
+        query.stop()
+    assert counted == dict(oracle)
+
+    rows = table_df("typed", spark=spark, store=store_url).collect()
+    assert sorted(r.value.n for r in rows) == sorted(e["n"] for e in data if e["n"] != BAD)
+    assert {r.id for r in rows} == {r.id for r in read("typed", store_url)}
+    assert all(r.timestamp == 1_000 + r.value.n * 10 for r in rows)
+
+    letters = list(read("Typed.dead_letter", store_url))
+    assert [(r.value["record_id"] is not None, r.value["value"]["n"]) for r in letters] == [(True, BAD)]
+    assert letters[0].value["error"].startswith(
+        "SchemaMismatchError: A value produced to typed stream 'typed' does not fit its schema: ArrowInvalid: "
+        "Could not convert 'seventy-seven' with type str: tried to convert to int64")
+    untyped = table_df("Typed.dead_letter", spark=spark, store=store_url)
+    assert untyped.schema["value"].dataType.simpleString() == "binary"
+    assert pickle.loads(untyped.collect()[0].value)["value"]["n"] == BAD
+
+
+def test_a_stream_df_starts_from_a_batch_and_refuses_what_is_not_a_stream(spark: Any, store_url: str) -> None:
+    data = events(200)
+    run(build(data), store=store_url, spark=spark, progress=None, timeout_s=300, mode="microbatch")
+    everything = table_df("events", spark=spark, store=store_url)
+    assert everything.count() == 200
+    after_two = table_df("events", spark=spark, store=store_url, from_batch=2)
+    assert after_two.count() == 100 and after_two.agg({"batch": "min"}).collect()[0][0] == 3
+    with pytest.raises(UnknownStreamError, match="^No producer writes stream 'evnets' in .*Hint: known streams are "
+                                                 r"\['Typed.dead_letter', 'events', 'typed'\]$"):
+        stream_df("evnets", spark=spark, store=store_url)
+    with pytest.raises(OptionError, match=r"^A stream DataFrame starts from 'beginning', 'now' or a time in ms since "
+                                          r"the epoch \(got 'start'\). Hint: start='beginning', or from_batch=N to "
+                                          r"skip each producer's first N batches$"):
+        stream_df("events", spark=spark, store=store_url, start="start")

@@ -1,0 +1,77 @@
+"""Stream schemas: Spark DDL or pyarrow in, the same Arrow schema out; values checked with a reason."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from headrace import Computation, Topology, key_by
+from headrace.errors import OptionError, SchemaMismatchError, TopologyError
+from headrace.schema import StreamSchema
+
+
+def exact(text: str) -> str:
+    return "^" + re.escape(text) + "$"
+
+
+def test_a_ddl_string_and_a_pyarrow_schema_give_the_same_schema() -> None:
+    parsed = StreamSchema("user STRING, n: bigint, ok BOOLEAN, tags ARRAY<STRING>, at STRUCT<x: DOUBLE, y INT> NOT NULL")
+    given = StreamSchema(pa.schema([("user", pa.string()), ("n", pa.int64()), ("ok", pa.bool_()),
+                                    ("tags", pa.list_(pa.string())),
+                                    pa.field("at", pa.struct([("x", pa.float64()), ("y", pa.int32())]), nullable=False)]))
+    assert parsed == given
+    assert parsed.ddl == "`user` STRING, `n` BIGINT, `ok` BOOLEAN, `tags` ARRAY<STRING>, `at` STRUCT<`x`: DOUBLE, `y`: INT>"
+    assert StreamSchema(parsed.ddl).arrow.equals(pa.schema([f.with_nullable(True) for f in parsed.arrow]))
+
+
+def test_a_value_that_does_not_fit_gets_the_reason() -> None:
+    schema = StreamSchema("user STRING NOT NULL, n BIGINT")
+    assert schema.check({"user": "ann", "n": 3}) is None
+    assert schema.check({"user": "ann"}) is None  # a nullable field may be missing
+    assert schema.check(["ann", 3]) == "a value of a typed stream is a dict of its fields, not list"
+    assert schema.check({"user": "ann", "m": 1}) == "field 'm' is not in the schema (`user` STRING, `n` BIGINT)"
+    assert schema.check({"n": 1}) == "field 'user' is NOT NULL but missing"
+    reason = schema.check({"user": "ann", "n": "three"})
+    assert reason is not None and reason.startswith("ArrowInvalid: Could not convert 'three'")
+    with pytest.raises(SchemaMismatchError, match=exact(
+            "A value produced to typed stream 'counts' does not fit its schema: field 'm' is not in the schema "
+            "(`user` STRING, `n` BIGINT) (got {'user': 'ann', 'm': 1}). Hint: produce a dict with the fields "
+            "`user` STRING, `n` BIGINT")):
+        schema.require("counts", {"user": "ann", "m": 1})
+
+
+def test_a_bad_schema_is_refused_where_it_is_written() -> None:
+    with pytest.raises(OptionError, match=exact(
+            "A stream schema must be a Spark DDL string; expected a type (bigint, binary, boolean, date, double, "
+            "float, int, smallint, string, timestamp, tinyint, array, map or struct) at 'strin' (got 'user strin'). "
+            "Hint: e.g. schema='user STRING, n BIGINT, tags ARRAY<STRING>'")):
+        StreamSchema("user strin")
+    with pytest.raises(OptionError, match=exact(
+            "A stream schema is a Spark DDL string or a pyarrow.Schema (got {'n': 'bigint'}). "
+            "Hint: e.g. schema='user STRING, n BIGINT'")):
+        StreamSchema({"n": "bigint"})  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match=exact(
+            "A stream schema may use Spark SQL's types only (got 'uint64'). Hint: use one of ['BIGINT', 'BINARY', "
+            "'BOOLEAN', 'DATE', 'DOUBLE', 'FLOAT', 'INT', 'SMALLINT', 'STRING', 'TIMESTAMP', 'TINYINT'], ARRAY, "
+            "MAP or STRUCT")):
+        StreamSchema(pa.schema([("n", pa.uint64())]))
+
+
+class Echo(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.produce("out", record.value)
+
+
+def test_a_topology_types_only_a_stream_it_has() -> None:
+    t = Topology("typed")
+    t.inject("words", [{"w": "a"}])
+    with pytest.raises(TopologyError, match=exact(
+            "Topology 'typed' cannot type stream 'out': nothing produces it (got 'out'). Hint: inject it or add its "
+            "producer first; known streams are ['words']")):
+        t.stream("out", schema="w STRING")
+    t.add(Echo, inputs={"words": key_by("w")}, outputs=["out"])
+    assert t.stream("out", schema="w STRING") == StreamSchema("w STRING")
+    assert t.schemas_of(["out", "words"]) == {"out": StreamSchema("w STRING")}
