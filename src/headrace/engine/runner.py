@@ -129,7 +129,7 @@ def run_shard_batch(
     schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
-    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache)
+    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache, schemas)
     if isinstance(prepared, ShardResult):
         return prepared
     prepared.txn.commit(store)
