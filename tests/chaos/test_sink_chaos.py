@@ -150,6 +150,7 @@ def jdbc_chaos(postgres_server: Any, tmp_path: Path, kills: int, mode: str, n: i
     assert by_batch is not None and by_batch[0] > kills  # many committed batches, each written once
 
 
+@pytest.mark.slow  # CI runs the JDBC sink's short chaos (headrace's own idempotent write); this is Spark's file sink
 def test_a_parquet_sink_holds_every_record_once_after_two_kills(spark: Any, tmp_path: Path) -> None:
     parquet_chaos(spark, tmp_path, kills=2, mode="continuous", n=1_500, timeout_s=300)
 
