@@ -147,7 +147,7 @@ def jdbc_chaos(postgres_server: Any, tmp_path: Path, kills: int, mode: str, n: i
         rows = conn.execute("SELECT n, id FROM stamped").fetchall()
         by_batch = conn.execute("SELECT count(DISTINCT (producer, batch)) FROM stamped").fetchone()
     check_exactly_once(rows, n)
-    assert by_batch is not None and by_batch[0] > kills  # many committed batches, each written once
+    assert by_batch is not None and by_batch[0] >= 2  # several committed batches, each written once
 
 
 @pytest.mark.slow  # CI runs the JDBC sink's short chaos (headrace's own idempotent write); this is Spark's file sink

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,11 @@ def test_a_streaming_dataframe_is_an_injector_with_a_declared_watermark_policy(
     folder = tmp_path / "incoming"
     folder.mkdir()
     for i in range(0, len(events), 300):
-        (folder / f"part-{i:05d}.json").write_text("\n".join(json.dumps(e) for e in events[i:i + 300]))
+        path = folder / f"part-{i:05d}.json"
+        path.write_text("\n".join(json.dumps(e) for e in events[i:i + 300]))
+        # Spark's file source takes files oldest first: equal mtimes would let a later file come first,
+        # and its records would put the watermark past the earlier files' (late, dropped)
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))
     df = spark.readStream.schema("query STRING, ts BIGINT").option("maxFilesPerTrigger", 1).json(str(folder))
     t = Topology("from_dataframe")
     t.inject("searches", df, timestamp="ts", max_delay_ms=2_000, bounded=True)

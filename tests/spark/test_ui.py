@@ -60,7 +60,11 @@ def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_the_wate
     try:
         result = run(build(), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     finally:
-        time.sleep(1)  # progress events reach Python listeners asynchronously
+        # progress events reach Python listeners asynchronously, well after the run under load
+        deadline = time.time() + (20 if mode == "microbatch" else 1)
+        while time.time() < deadline and not any(
+                name == "headrace-Counter" and m["watermark"] == END_OF_TIME for name, m in seen):
+            time.sleep(0.2)
         spark.streams.removeListener(listener)
     assert result.ui_url is not None and result.ui_url.startswith("http://")
     described = [j.get("description", "") for j in jobs(result.ui_url)]
