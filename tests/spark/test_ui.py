@@ -73,7 +73,8 @@ def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_the_wate
         assert batches and all(d.endswith(" records") for d in batches), described[:10]
         assert sum(int(d.split(", ")[1].split()[0]) for d in set(batches)) >= 300  # every record in some batch
         marks = [m["watermark"] for name, m in seen if name == "headrace-Counter" and m["watermark"] is not None]
-        assert marks and marks == sorted(marks) and marks[-1] == END_OF_TIME == watermarks(store_url)["Counter"].input_watermark
+        assert marks and marks == sorted(marks) and marks[-1] == END_OF_TIME == watermarks(store_url)["Counter"].input_watermark, \
+            (result.stats["Counter"].batches, seen)
         assert sum(m["records"] for name, m in seen if name == "headrace-Counter") >= 300
     else:
         assert any(d.startswith("headrace ui: ") and d.endswith("continuous workers running Counter") for d in described), \

@@ -150,6 +150,7 @@ class ComputationQuery:
             self.stats.input_watermark, self.stats.output_watermark = last.input_watermark, last.output_watermark
         self.error: BaseException | None = None
         self.query: Any = None
+        self.last_batch_id = -1
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -188,6 +189,7 @@ class ComputationQuery:
                                                self.schemas),
                                RESULT_DDL)
                    .collect())
+        self.last_batch_id = batch_id
         if not results:
             return
         wm_after = results[0].wm_after
@@ -221,6 +223,18 @@ class ComputationQuery:
         """Raise the query's failure, if it failed."""
         if self.query is not None and self.query.exception() is not None:
             raise _query_error(self.spec.name, self.query.exception())
+
+    def await_last_progress(self, timeout_s: float = 10.0) -> None:
+        """Wait until Spark has reported the progress of the last batch this run handled: Spark posts
+        a batch's progress event after ``_on_batch`` returns, and stopping the query first loses it."""
+        import time
+
+        deadline = time.time() + timeout_s
+        while self.query is not None and self.query.isActive and time.time() < deadline:
+            last = self.query.lastProgress
+            if last is not None and last["batchId"] >= self.last_batch_id:
+                return
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.query is not None:

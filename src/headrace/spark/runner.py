@@ -318,6 +318,8 @@ class SparkRunner:
             time.sleep(0.1)
         for sink in self.sinks:
             sink.flush()
+        for q in self.queries.values():
+            q.await_last_progress()
         self.check()
         return self.result()
 
