@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="serve Prometheus metrics on http://<this host>:PORT/metrics while it runs (0: any free port)")
     p_run.add_argument("--dashboard-port", type=int, default=0, help="serve the dashboard there (0: a free port)")
     p_run.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
+    p_run.add_argument("--py-files", action="append", default=[], metavar="PATH",
+                       help="also ship this Python file, zip or package folder to the executors (repeatable); "
+                            "the topology's own package is always shipped")
     p_dash = sub.add_parser("dashboard", help="serve the web dashboard of a store (topology, watermarks, lag, keys)")
     p_dash.add_argument("--store", default=DEFAULT_STORE_URL)
     p_dash.add_argument("--port", type=int, default=8050, help="0: any free port")
@@ -81,10 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "run":
-            result = run(load_topology(args.topology), store=args.store, master=args.master, timeout_s=args.timeout,
+            from .spark.shipping import user_package
+
+            topology = load_topology(args.topology)
+            package = user_package(args.topology.partition(":")[0])
+            result = run(topology, store=args.store, master=args.master, timeout_s=args.timeout,
                          mode=args.mode, metrics_port=args.metrics_port,
                          dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr,
-                         ui=not args.no_ui)
+                         ui=not args.no_ui, py_files=[*([package] if package else []), *args.py_files])
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "dashboard":

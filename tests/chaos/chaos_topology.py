@@ -35,8 +35,11 @@ def events(n: int) -> list[dict[str, Any]]:
 class Tagger(Computation):
     """Non-deterministic: tags each record with a random number and the wall clock; remembers them."""
 
+    def draw(self) -> float:
+        return random.random()
+
     def process_record(self, ctx: Any, record: Any) -> None:
-        tag = random.random()
+        tag = self.draw()
         ctx.state = {**(ctx.state or {}), record.value["n"]: tag}
         ctx.produce("tagged", {**record.value, "tag": tag, "at": time.time()})
 
@@ -84,10 +87,11 @@ class UserSums(UserCount):
         ctx.produce("user_sums", {"user": ctx.key, "bucket": timer.timestamp - 100, "sum": aggregate})
 
 
-def build(n: int, productions: str = "strong", rate: float = 400, monoids: bool = False) -> Topology:
+def build(n: int, productions: str = "strong", rate: float = 400, monoids: bool = False,
+          tagger: type[Tagger] = Tagger) -> Topology:
     t = Topology("chaos")
     t.inject("events", injectors.records(events(n), timestamp="ts", batch_size=40, rate=rate))
-    t.add(Tagger, inputs={"events": key_by("user")}, outputs=["tagged"], productions=productions, shards=3)
+    t.add(tagger, "Tagger", inputs={"events": key_by("user")}, outputs=["tagged"], productions=productions, shards=3)
     t.add(Collector, inputs={"tagged": key_by(lambda v: f"{v['user']}/{v['n'] % 2}")}, outputs=["collected"], shards=2)
     t.add(Windows, inputs={"tagged": key_by(lambda v: str(v["ts"] - v["ts"] % 100))}, outputs=["windows"], shards=2)
     if monoids:

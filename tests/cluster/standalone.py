@@ -35,12 +35,39 @@ def _free_port() -> int:
 class Cluster:
     url: str
     ui_port: int
+    env: dict[str, str]
+    cores: int
+    memory: str
+    logs: Path | None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def alive_workers(self) -> int:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as r:
             state = json.load(r)
         return sum(w["state"] == "ALIVE" for w in state["workers"])
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        """One more worker JVM (in its own process group, with the executors it will launch)."""
+        i = len(self.workers)
+        out = open(self.logs / f"worker{i}.log", "wb") if self.logs else subprocess.DEVNULL
+        worker = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.worker.Worker", self.url,
+                                   "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
+                                   "--webui-port", str(_free_port()), "--work-dir", str(self.logs or "/tmp")],
+                                  env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers.append(worker)
+        return worker
+
+    def kill_worker(self, worker: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a worker JVM with its executor and Python workers: a machine lost."""
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+    def wait_for_workers(self, count: int, timeout_s: float = 90) -> None:
+        deadline = time.time() + timeout_s
+        while self.alive_workers() < count:
+            if time.time() > deadline:
+                raise RuntimeError(f"only {self.alive_workers()} of {count} Spark workers registered")
+            time.sleep(0.5)
 
 
 @contextmanager
@@ -53,8 +80,7 @@ def standalone_cluster(workers: int = 1, cores: int = 1, memory: str = "1g",
     master = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(port), "--webui-port", str(ui)], env=env, stdout=out("master"),
                               stderr=subprocess.STDOUT, start_new_session=True)
-    cluster = Cluster(f"spark://127.0.0.1:{port}", ui)
-    procs = [master]
+    cluster = Cluster(f"spark://127.0.0.1:{port}", ui, env, cores, memory, logs)
     try:
         deadline = time.time() + 90
         while True:
@@ -65,20 +91,12 @@ def standalone_cluster(workers: int = 1, cores: int = 1, memory: str = "1g",
                 if master.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"the Spark master did not start (exit {master.poll()})")
                 time.sleep(0.5)
-        for i in range(workers):
-            worker = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.worker.Worker", cluster.url,
-                                       "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                                       "--webui-port", str(_free_port()), "--work-dir", str(logs or "/tmp")],
-                                      env=env, stdout=out(f"worker{i}"), stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-            cluster.workers.append(worker)
-            procs.append(worker)
-        while cluster.alive_workers() < workers:
-            if any(p.poll() is not None for p in procs) or time.time() > deadline:
-                raise RuntimeError("the Spark workers did not register with the master")
-            time.sleep(0.5)
+        for _ in range(workers):
+            cluster.start_worker()
+        cluster.wait_for_workers(workers)
         yield cluster
     finally:
+        procs = [master, *cluster.workers]
         for p in reversed(procs):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)

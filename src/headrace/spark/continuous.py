@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterator, Sequence, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
 from ..errors import FencedWriterError, OptionError, UserCodeError
@@ -31,9 +31,10 @@ from ..topology import Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector
 from .query import QueryStats, failure_detail
-from .runner import (InjectorThread, RunResult, _pickle_user_code_by_value, announce_ui, check_injectors,
+from .runner import (InjectorThread, RunResult, announce_ui, check_injectors,
                      checkpoint_root, claim_mode, start_injectors)
 from .session import spark_session, ui_url
+from .shipping import prepare_user_code
 from .sinks import SinkQuery, jdbc_jars, start_sinks
 
 __all__ = ["ContinuousRunner", "continuous_producers"]
@@ -104,8 +105,9 @@ class ContinuousRunner:
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
                  poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100,
-                 metrics_port: int | None = None, ui: bool = True):
+                 metrics_port: int | None = None, ui: bool = True, py_files: Sequence[str] = ()):
         self.topology = topology
+        self.py_files = list(py_files)
         self.metrics_port = check_metrics_port(metrics_port)
         self.store = open_store(store)
         self.url = self.store.url
@@ -133,7 +135,7 @@ class ContinuousRunner:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
                                        conf=jdbc_jars(self.topology), ui=self.ui)
         announce_ui(self.spark, self.progress)
-        _pickle_user_code_by_value(self.topology)
+        prepare_user_code(self.spark, self.topology, self.py_files, self.progress)
         claim_mode(self.store, self.topology.name, "continuous")
         self.store.put_meta(*self.driver)  # the newest driver of a topology is its only one; older ones stop
         for spec in self.topology.computations.values():

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
-import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from ..engine.batch import Production, id_prefix
 from ..errors import HeadraceError, OptionError, UserCodeError
@@ -23,6 +21,7 @@ from .frames import declare_schemas
 from .inject import DataFrameInjector, is_streaming_dataframe
 from .query import ComputationQuery, QueryStats
 from .session import spark_session, ui_url
+from .shipping import prepare_user_code
 from .sinks import SinkQuery, jdbc_jars, start_sinks
 
 __all__ = ["SparkRunner", "RunResult"]
@@ -39,27 +38,6 @@ def _injectors(injection: Injection) -> list[Injector]:
     raise OptionError(f"Stream {injection.stream!r} has a source headrace cannot inject", got=source,
                       hint="use a list, injectors.records(...), .generator(...), .files(...), .several(...) "
                            "or a streaming DataFrame")
-
-
-def _pickle_user_code_by_value(topology: Topology) -> None:
-    """Ship user classes and extractors to Python workers by value, not by an import they may lack."""
-    from pyspark import cloudpickle
-
-    # the modules of a class's bases too: a computation may build on a class of another module
-    modules = {c.__module__ for spec in topology.computations.values() for c in spec.cls.__mro__}
-    modules |= {getattr(getattr(e, "_fn", None), "__module__", None) or "headrace"
-                for spec in topology.computations.values() for e in spec.inputs.values()}
-    for name in modules:
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None) or ""
-        if (module is None or name.startswith("headrace") or not path or "site-packages" in path
-                or path.startswith(sysconfig.get_paths()["stdlib"])):  # bases such as abc.ABC stay imported
-            continue
-        if name != "__main__":
-            try:
-                cloudpickle.register_pickle_by_value(module)
-            except ValueError:
-                pass
 
 
 class InjectorThread(threading.Thread):
@@ -191,8 +169,9 @@ class SparkRunner:
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
                  progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
-                 metrics_port: int | None = None, ui: bool = True):
+                 metrics_port: int | None = None, ui: bool = True, py_files: Sequence[str] = ()):
         self.topology = topology
+        self.py_files = list(py_files)
         self.metrics_port = check_metrics_port(metrics_port)
         opened = open_store(store)  # validates the URL early
         try:
@@ -232,7 +211,7 @@ class SparkRunner:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
                                        conf=jdbc_jars(self.topology), ui=self.ui)
         announce_ui(self.spark, self.progress)
-        _pickle_user_code_by_value(self.topology)
+        prepare_user_code(self.spark, self.topology, self.py_files, self.progress)
         self.injectors = start_injectors(self.topology, self.url, self.checkpoint_root, self.trigger_ms,
                                          self.errors.append)
         for spec in self.topology.computations.values():
