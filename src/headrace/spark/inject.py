@@ -16,6 +16,7 @@ from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
 from ..topology import Injection
+from .query import clear_unfinished_writes
 
 __all__ = ["DataFrameInjector", "is_streaming_dataframe"]
 
@@ -57,6 +58,7 @@ class DataFrameInjector:
         ts = F.col(self.ts_column)
         kind = dict(self.df.dtypes)[self.ts_column]
         stamped = self.df.withColumn(_TS, F.unix_millis(ts) if kind.startswith("timestamp") else ts.cast("long"))
+        clear_unfinished_writes(self.checkpoint)
         writer = stamped.writeStream.foreachBatch(self._publish).option("checkpointLocation", self.checkpoint)
         writer = writer.trigger(availableNow=True) if self.bounded else \
             writer.trigger(processingTime=f"{self.trigger_ms} milliseconds")

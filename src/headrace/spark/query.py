@@ -169,6 +169,7 @@ class ComputationQuery:
               .option("percentiles", json.dumps(dict(self.spec.options.watermark_percentile))).load())
         self._started = time.time()
         df = observe_progress(df)
+        clear_unfinished_writes(self.checkpoint)
         self.query = (df.writeStream.foreachBatch(self._on_batch)
                       .option("checkpointLocation", self.checkpoint)
                       .queryName(f"headrace-{self.spec.name}")
@@ -250,6 +251,21 @@ def offsets_read(checkpoint: str, batch_id: int) -> dict[str, int] | None:
         return {str(p): int(b) for p, b in end["b"].items()} if end is not None else None
     except (KeyError, TypeError, AttributeError, ValueError):
         return None
+
+
+def clear_unfinished_writes(checkpoint: str) -> list[str]:
+    """Delete the temporary files a killed driver left in a query's offset and commit logs. Spark
+    writes ``.N.<uuid>.tmp`` and renames it to ``N``; a query killed before its first rename is
+    refused on every restart (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``). Spark never reads a
+    temporary file, and a query's checkpoint has one driver, so they are safe to delete."""
+    removed = []
+    for log in ("offsets", "commits"):
+        folder = os.path.join(checkpoint, log)
+        for name in os.listdir(folder) if os.path.isdir(folder) else ():
+            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".tmp.crc")):
+                os.remove(os.path.join(folder, name))
+                removed.append(os.path.join(log, name))
+    return removed
 
 
 def observe_progress(df: Any) -> Any:

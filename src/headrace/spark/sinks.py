@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import OptionError, UserCodeError
 from ..topology import SinkSpec, Topology, libpq_url
 from .frames import stream_frame
-from .query import failure_detail
+from .query import clear_unfinished_writes, failure_detail
 
 __all__ = ["SinkQuery", "start_sinks", "jdbc_jars"]
 
@@ -49,6 +49,7 @@ class SinkQuery:
 
     def start(self) -> "SinkQuery":
         df = stream_frame(self.spark, self.spec.stream, self.url, self.ddl, streaming=True)
+        clear_unfinished_writes(self.checkpoint)
         writer = (df.writeStream.queryName(f"headrace-sink-{self.spec.name}")
                   .option("checkpointLocation", self.checkpoint)
                   .trigger(processingTime=f"{self.trigger_ms} milliseconds"))
