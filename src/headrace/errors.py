@@ -14,7 +14,12 @@ __all__ = [
     "StaleBatchError",
     "StoreError",
     "SchemaMismatchError",
+    "MISSING_MODULE_HINT",
 ]
+
+# The hint for a value that a worker cannot unpickle because its class's module is not there.
+MISSING_MODULE_HINT = ("its class comes from a module the workers cannot import: ship it with run(py_files=[...]) "
+                       "or headrace run --py-files, or install it on the workers")
 
 
 def _clip(value: object, limit: int = 120) -> str:

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import importlib
 import re
+import sys
+import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from headrace import Computation, Topology, injectors, key_by, read, run, status
-from headrace.errors import OptionError, UserCodeError
+from headrace.errors import MISSING_MODULE_HINT, OptionError, UserCodeError
 from headrace.store import open_store
 
 EVENTS = [{"user": f"u{i % 7}", "n": i, "ts": 1_000 + i} for i in range(200)]
@@ -107,3 +111,28 @@ def test_an_injected_record_with_a_missing_or_absurd_timestamp_stops_the_run_nam
     with pytest.raises(OptionError, match=re.escape(message)):
         run(topology(CountPerUser, EVENTS[:10] + [bad]), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     assert list(read("events", store_url)) == []  # the whole (exact-watermark) list is checked before anything is published
+
+
+def test_a_value_the_workers_cannot_unpickle_stops_the_run_naming_it_and_shipping_its_module_mends_it(
+        spark: Any, store_url: str, mode: str, tmp_path: Path) -> None:
+    module = f"private_{uuid.uuid4().hex[:8]}"  # only the driver can import it, from tmp_path
+    (tmp_path / f"{module}.py").write_text("class Point:\n    def __init__(self, x):\n        self.x = x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        point = importlib.import_module(module).Point
+        events = [{"user": f"u{i % 7}", "n": i, "ts": 1_000 + i, "at": point(i)} for i in range(200)]
+        with pytest.raises(UserCodeError) as failure:
+            run(topology(CountPerUser, events), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
+        taken = (r"cannot take record 'inject:events:\d+:\d+' of stream 'events': failed decoding it"
+                 if mode == "microbatch" else
+                 r"cannot decode a record of stream 'events' written by 'inject:events' in its batches \d+\.\.\d+")
+        assert re.search(f"headrace.errors.BadInputError: Computation 'Counter' {taken} "
+                         rf"\(got ModuleNotFoundError: No module named '{module}'\)\. Hint: {re.escape(MISSING_MODULE_HINT)}",
+                         str(failure.value)), str(failure.value)
+        assert list(read("counts", store_url)) == []
+
+        run(topology(CountPerUser, events), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode,
+            py_files=[str(tmp_path / f"{module}.py")])
+        assert counts(store_url) == expected(events)
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..errors import BadInputError, FencedWriterError, StaleBatchError, StoreError
+from ..errors import MISSING_MODULE_HINT, BadInputError, FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
 from .batch import InputRecord, ShardBatch, shard_of
 from .monoid import Folder, fold_streams
@@ -278,7 +278,8 @@ def _records(store: IntervalStore, name: str, stream: str, producer: str, after:
         raise BadInputError(
             f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} in its "
             f"batches {after + 1}..{upto}", got_text=f"{type(exc).__name__}: {exc}",
-            hint="a value that cannot be unpickled here: install on the workers the modules its classes come from"
+            hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
+            "a value this worker cannot unpickle: install on the workers the modules its classes come from"
         ) from None
 
 

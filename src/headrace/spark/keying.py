@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ..engine import shard_of
 from ..engine.monoid import Folder
-from ..errors import BadInputError
+from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import KeyExtractor, MonoidComputation
 
 __all__ = ["Keying", "SOURCE_SCHEMA", "KEYED_SCHEMA", "KEYED_DDL", "ddl", "RECORD", "CONTROL", "REJECTED", "PARTIAL",
@@ -149,8 +149,9 @@ class Keying:
                     raise BadInputError(
                         f"Computation {self.computation!r} cannot take record {ids[i]!r} of stream {stream!r}: "
                         f"failed {stage}", got_text=cause,
-                        hint="fix the record or the key extractor, or add the computation with "
-                             "on_error='dead_letter' to route such records aside") from None
+                        hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) and stage == "decoding it" else
+                        "fix the record or the key extractor, or add the computation with "
+                        "on_error='dead_letter' to route such records aside") from None
                 rejected[len(take)] = pickle.dumps({
                     "computation": self.computation, "key": None, "at": f"failed {stage}", "stream": stream,
                     "record_id": ids[i], "value": values[i], "error": cause})
