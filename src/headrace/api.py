@@ -21,7 +21,7 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
         mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None,
-        ui: bool = True) -> Any:
+        ui: bool = True, progress_queries: bool = True) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -34,7 +34,9 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     ``dashboard_port`` serves the web dashboard on 127.0.0.1 at that port (0: any free port) while
     the run lasts and prints its URL to ``progress``; ``None`` (the default) opens no port.
     Spark's web UI is on unless ``ui=False`` (or a given ``spark`` session has it off); the run
-    prints its URL to ``progress`` and returns it as ``ui_url``.
+    prints its URL to ``progress`` and returns it as ``ui_url``. Each computation's numbers reach
+    Spark's streaming progress events through a light query of its own (docs/monitoring.md)
+    unless ``progress_queries=False``.
     """
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,
@@ -53,13 +55,13 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         from .spark.continuous import ContinuousRunner
 
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
-                                       metrics_port=metrics_port, ui=ui).start()
+                                       metrics_port=metrics_port, ui=ui, progress_queries=progress_queries).start()
     else:
         from .spark.runner import SparkRunner
 
         runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
                              progress=progress, spark=spark, retention_ms=retention_ms,
-                             metrics_port=metrics_port, ui=ui).start()
+                             metrics_port=metrics_port, ui=ui, progress_queries=progress_queries).start()
     dashboard = None
     try:
         if dashboard_port is not None:
