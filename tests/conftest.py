@@ -23,6 +23,11 @@ SKIP_POSTGRES = "HEADRACE_SKIP_POSTGRES"
 SPARK_PACKAGES = ("spark", "chaos")
 SPARK_DOCS = ("README.md",)
 
+# The progress queries (docs/monitoring.md) cost each run about a second at its end, which over the
+# suite's runs is minutes: off by default here (the drivers the tests start as subprocesses inherit
+# it), and on in the tests about them, which pass progress_queries=True.
+os.environ.setdefault("HEADRACE_PROGRESS_QUERIES", "0")
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:

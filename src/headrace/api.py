@@ -21,7 +21,7 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
         mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None,
-        ui: bool = True, progress_queries: bool = True) -> Any:
+        ui: bool = True, progress_queries: bool | None = None) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -36,7 +36,8 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     Spark's web UI is on unless ``ui=False`` (or a given ``spark`` session has it off); the run
     prints its URL to ``progress`` and returns it as ``ui_url``. Each computation's numbers reach
     Spark's streaming progress events through a light query of its own (docs/monitoring.md)
-    unless ``progress_queries=False``.
+    unless ``progress_queries=False`` (``None``, the default: on, unless the environment has
+    ``HEADRACE_PROGRESS_QUERIES=0``).
     """
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,

@@ -77,7 +77,8 @@ def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_watermar
     listener = Progress()
     spark.streams.addListener(listener)
     try:
-        result = run(build(store_url), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
+        result = run(build(store_url), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode,
+                     progress_queries=True)
         counters = open_store(store_url).counters("Counter")
         final = {"watermark": END_OF_TIME, "records": counters["records"], "late_dropped": counters["late_dropped"],
                  "dead_letters": counters["dead_lettered"]}

@@ -105,7 +105,7 @@ class ContinuousRunner:
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
                  poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100,
-                 metrics_port: int | None = None, ui: bool = True, progress_queries: bool = True):
+                 metrics_port: int | None = None, ui: bool = True, progress_queries: bool | None = None):
         self.topology = topology
         self.metrics_port = check_metrics_port(metrics_port)
         self.store = open_store(store)
@@ -119,7 +119,6 @@ class ContinuousRunner:
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.sinks: list[SinkQuery] = []
         self.progress_queries: dict[str, StatusQuery] = {}
-        self.checkpoints = ""
         self.errors: list[BaseException] = []
         self.resubmissions = 0
         self.removed: set[str] = set()
@@ -152,10 +151,8 @@ class ContinuousRunner:
         checkpoints = checkpoint_root(self.store, self.topology.name, None)
         self.injectors = start_injectors(self.topology, self.url, checkpoints, 200, self.errors.append)
         self.sinks = start_sinks(self.spark, self.topology, self.url, checkpoints, 200)
-        self.checkpoints = checkpoints
         if self.with_progress:
-            self.progress_queries = start_progress(self.spark, list(self.topology.computations), self.url,
-                                                   checkpoints)
+            self.progress_queries = start_progress(self.spark, list(self.topology.computations), self.url)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
         self._authority = threading.Thread(target=self._run_authority, name="headrace-watermark-authority",
@@ -198,7 +195,7 @@ class ContinuousRunner:
                 self.store.start_interval_at(name, shard, heads)
         self._record_topology()
         if self.with_progress and self._job is not None and name not in self.progress_queries:
-            self.progress_queries.update(start_progress(self.spark, [name], self.url, self.checkpoints))
+            self.progress_queries.update(start_progress(self.spark, [name], self.url))
         self._restart_job()
 
     def _record_topology(self) -> None:

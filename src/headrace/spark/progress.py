@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import shutil
+import tempfile
 import time
 from typing import Any, Iterable, Iterator
 
@@ -24,6 +25,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from ..errors import OptionError, UserCodeError
 from ..monitor.status import progress_of
+from ..store import open_store
 from .query import failure_detail
 from .source import LazyStore
 
@@ -81,9 +83,11 @@ class StatusReader(LazyStore, SimpleDataSourceStreamReader):
 class StatusQuery:
     """The progress query of one computation: started and stopped with the run."""
 
-    def __init__(self, spark: Any, computation: str, url: str, checkpoint_root: str, trigger_ms: int = 1_000):
+    def __init__(self, spark: Any, computation: str, url: str, trigger_ms: int = 1_000):
         self.spark, self.computation, self.url, self.trigger_ms = spark, computation, url, trigger_ms
-        self.checkpoint = os.path.join(checkpoint_root, f"progress-{computation}")
+        # a checkpoint of its own per run: the numbers are read afresh anyway, and two drivers of a
+        # topology (a zombie and its successor) must not share one
+        self.checkpoint = tempfile.mkdtemp(prefix=f"headrace-progress-{computation}-")
         self.query: Any = None
 
     def start(self) -> "StatusQuery":
@@ -98,6 +102,13 @@ class StatusQuery:
                       .trigger(processingTime=f"{self.trigger_ms} milliseconds").start())
         return self
 
+    def shows(self, store: Any) -> bool:
+        """Whether the query's last progress event carries the computation's numbers in ``store`` now."""
+        last = self.query.lastProgress if self.query is not None else None
+        shown = last.observedMetrics.get("headrace") if last is not None else None
+        numbers = progress_of(store, self.computation)
+        return shown is not None and all(shown[m] == numbers[m] for m in _CHANGES)
+
     def check(self) -> None:
         if self.query is not None and self.query.exception() is not None:
             raise UserCodeError(f"The progress query of computation {self.computation!r} failed",
@@ -105,11 +116,24 @@ class StatusQuery:
                                 hint="see the Spark logs; the query only reports, the computation's results are safe")
 
     def stop(self) -> None:
-        if self.query is not None:
-            self.query.stop()
+        try:
+            if self.query is not None:
+                self.query.stop()
+        finally:
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+
+
+ENV_DEFAULT = "HEADRACE_PROGRESS_QUERIES"  # "0": off unless a run asks for them (the test suite's setting)
 
 
 def check_progress_queries(value: Any) -> bool:
+    """``progress_queries`` as given, or, when ``None``, on unless ``HEADRACE_PROGRESS_QUERIES=0``."""
+    if value is None:
+        setting = os.environ.get(ENV_DEFAULT, "1")
+        if setting not in ("0", "1"):
+            raise OptionError(f"{ENV_DEFAULT} is 1 (progress queries on by default) or 0 (off)", got=setting,
+                              hint=f"unset it, or set {ENV_DEFAULT}=0")
+        return setting == "1"
     if not isinstance(value, bool):
         raise OptionError("progress_queries is True (each computation's numbers in Spark's progress events) or False",
                           got=value, hint="progress_queries=False runs no progress query")
@@ -117,27 +141,24 @@ def check_progress_queries(value: Any) -> bool:
 
 
 def flush_progress(queries: Iterable[StatusQuery], timeout_s: float = 30.0) -> bool:
-    """Once the run has drained: wait until every progress query has reported the store's final
-    numbers (``processAllAvailable``, all at once); False if they did not within ``timeout_s``
-    (the events are for watching: the run goes on, and ``stop`` ends a wait left behind)."""
-    waits = []
-    for query in queries:
-        done = threading.Event()
-
-        def drain(q: Any = query.query, done: threading.Event = done) -> None:
-            try:
-                q.processAllAvailable()
-            except Exception:  # a failed query: check() raises its error
-                pass
-            finally:
-                done.set()
-
-        threading.Thread(target=drain, name=f"headrace-progress-{query.computation}-flush", daemon=True).start()
-        waits.append(done)
+    """Once the run has drained: wait until each progress query's last event carries the store's
+    final numbers (a trigger at most, since each run's query emits its first row at once); False
+    if one did not within ``timeout_s`` (the events are for watching: the run goes on)."""
+    pending = list(queries)
+    if not pending:
+        return True
+    store = open_store(pending[0].url)
     deadline = time.monotonic() + timeout_s
-    return all(done.wait(max(0.0, deadline - time.monotonic())) for done in waits)
+    try:
+        while pending and time.monotonic() < deadline:
+            pending = [q for q in pending if q.query is not None and q.query.isActive and not q.shows(store)]
+            if pending:
+                time.sleep(0.05)
+        return not pending
+    finally:
+        store.close()
 
 
-def start_progress(spark: Any, names: list[str], url: str, checkpoint_root: str) -> dict[str, StatusQuery]:
+def start_progress(spark: Any, names: list[str], url: str) -> dict[str, StatusQuery]:
     """A started progress query for each computation in ``names``."""
-    return {name: StatusQuery(spark, name, url, checkpoint_root).start() for name in names}
+    return {name: StatusQuery(spark, name, url).start() for name in names}

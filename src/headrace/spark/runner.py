@@ -192,7 +192,7 @@ class SparkRunner:
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
                  progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
-                 metrics_port: int | None = None, ui: bool = True, progress_queries: bool = True):
+                 metrics_port: int | None = None, ui: bool = True, progress_queries: bool | None = None):
         self.topology = topology
         self.metrics_port = check_metrics_port(metrics_port)
         opened = open_store(store)  # validates the URL early
@@ -268,7 +268,7 @@ class SparkRunner:
         query.start()
         self.queries[name] = query
         if self.with_progress:
-            self.progress_queries.update(start_progress(self.spark, [name], self.url, self.checkpoint_root))
+            self.progress_queries.update(start_progress(self.spark, [name], self.url))
         while start == "now" and query.query is not None and query.query.isActive and query.query.lastProgress is None:
             query.check()
             time.sleep(0.02)

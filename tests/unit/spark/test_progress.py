@@ -44,8 +44,18 @@ def test_a_status_row_goes_out_when_the_numbers_change_and_only_then(tmp_path: A
         reader.stop()
 
 
-def test_progress_queries_is_a_bool() -> None:
+def test_progress_queries_is_a_bool_and_by_default_on_unless_the_environment_says_0(monkeypatch: Any) -> None:
     assert check_progress_queries(False) is False
+    monkeypatch.delenv("HEADRACE_PROGRESS_QUERIES", raising=False)
+    assert check_progress_queries(None) is True
+    monkeypatch.setenv("HEADRACE_PROGRESS_QUERIES", "0")
+    assert check_progress_queries(None) is False
+    assert check_progress_queries(True) is True
+    monkeypatch.setenv("HEADRACE_PROGRESS_QUERIES", "off")
+    with pytest.raises(OptionError, match="^" + re.escape(
+            "HEADRACE_PROGRESS_QUERIES is 1 (progress queries on by default) or 0 (off) (got 'off'). "
+            "Hint: unset it, or set HEADRACE_PROGRESS_QUERIES=0") + "$"):
+        check_progress_queries(None)
     with pytest.raises(OptionError, match="^" + re.escape(
             "progress_queries is True (each computation's numbers in Spark's progress events) or False (got 'no'). "
             "Hint: progress_queries=False runs no progress query") + "$"):
