@@ -222,6 +222,9 @@ def main() -> None:
     parser.add_argument("--trigger-ms", type=int, default=50, help="micro-batch mode's trigger")
     parser.add_argument("--settle", type=float, default=8, help="seconds at the start of each run left out (start-up)")
     parser.add_argument("--warm-up", type=float, default=5, help="seconds of the warm-up run of each mode (0: none)")
+    parser.add_argument("--compare-progress", type=int, default=0, metavar="PAIRS",
+                        help="instead: PAIRS runs of the exactly-once variant without and with the progress queries "
+                             "(run(progress_queries=...)), alternating, and their ratios")
     args = parser.parse_args()
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     for m in modes:
@@ -236,6 +239,10 @@ def main() -> None:
           f"{defaults['poll_ms']:g} ms, lease {defaults['lease_ms']:,} ms, authority every "
           f"{defaults['authority_every_ms']} ms; first {args.settle:.0f} s of each run left out")
     spark = spark_session(args.master)
+    if args.compare_progress:
+        compare_progress(args, spark, modes)
+        spark.stop()
+        return
     results: dict[tuple[str, str], Measured] = {}
     for mode in modes:
         trigger = {"trigger_ms": args.trigger_ms} if mode == "microbatch" else {}  # continuous mode has none
@@ -312,6 +319,41 @@ def print_results(args: Any, modes: list[str], results: dict[tuple[str, str], Me
                   f"{verdict(first <= TARGET_LAG_FIRST_MS)}; each further stage adds <= "
                   f"{TARGET_LAG_PER_STAGE_MS:,.0f} ms: " + ", ".join(f"+{s:,.0f}" for s in steps) +
                   f" ms: {verdict(all(s <= TARGET_LAG_PER_STAGE_MS for s in steps))}")
+
+
+def compare_progress(args: Any, spark: Any, modes: list[str]) -> None:
+    """The cost of the progress queries: the exactly-once variant without them (the baseline) and
+    with them, alternating in one session, and the ratios with / without."""
+    for mode in modes:
+        trigger = {"trigger_ms": args.trigger_ms} if mode == "microbatch" else {}
+        if args.warm_up > 0:
+            warm = tempfile.mkdtemp(prefix="headrace-latency-warm-")
+            run(build(args.rate, args.warm_up, f"latency_warm_{mode}", warm, args.inject_batch, shards=args.shards),
+                store=f"sqlite:///{warm}/store.db", spark=spark, progress=None, mode=mode, **trigger)
+        runs: dict[bool, list[Measured]] = {False: [], True: []}
+        for n in range(args.compare_progress):
+            for on in (False, True):
+                folder = tempfile.mkdtemp(prefix=f"headrace-latency-{mode}-progress-{'on' if on else 'off'}-")
+                run(build(args.rate, args.seconds, f"latency_{mode}_{n}_{on}", folder, args.inject_batch,
+                          shards=args.shards),
+                    store=f"sqlite:///{folder}/store.db", spark=spark, progress=None, mode=mode,
+                    progress_queries=on, **trigger)
+                runs[on].append(measure(f"sqlite:///{folder}/store.db", folder, mode, args.settle, args.shards))
+                print(f"  ran {mode} exactly-once, progress queries {'on' if on else 'off'} ({folder})", flush=True)
+        print(f"\n{mode}, exactly-once strong, {args.compare_progress} run(s) each, all records pooled (ms):")
+        print(f"{'':<28} {'off (baseline)':>15} {'on':>10} {'on / off':>9}")
+        pooled = {on: Measured({h: [v for m in ms for v in m.hops[h]] for h in ms[0].hops}, {},
+                               {s: [v for m in ms for v in m.lags[s]] for s in STAGES}, {}, 0)
+                  for on, ms in runs.items()}
+        worst = {on: (max(pct(m.hops[h], .5) for h in m.hops if h != "end to end"),
+                      max(pct(m.hops[h], .95) for h in m.hops if h != "end to end")) for on, m in pooled.items()}
+        rows = [("worst hop p50", worst[False][0], worst[True][0]), ("worst hop p95", worst[False][1], worst[True][1])]
+        rows += [(f"end to end p{int(q * 100)}", pct(pooled[False].hops["end to end"], q),
+                  pct(pooled[True].hops["end to end"], q)) for q in (.5, .95, .99)]
+        rows += [(f"watermark lag p50 {s}", pct(pooled[False].lags[s], .5), pct(pooled[True].lags[s], .5))
+                 for s in STAGES]
+        for label, off, on_ in rows:
+            print(f"{label:<28} {off:>15,.1f} {on_:>10,.1f} {on_ / off if off else float('nan'):>8.2f}x")
 
 
 def peak_rss_of_descendants(root: int) -> list[tuple[str, float]]:

@@ -24,6 +24,7 @@ SPARK_PACKAGES = ("spark", "chaos", "cluster")
 SPARK_DOCS = ("README.md",)
 
 
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local SparkSession (one JVM) for the whole test session."""

@@ -21,7 +21,7 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
         mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None,
-        ui: bool = True, py_files: Sequence[str] = ()) -> Any:
+        ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -37,6 +37,10 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     prints its URL to ``progress`` and returns it as ``ui_url``. ``py_files`` (Python files, zips,
     eggs or package folders) are shipped to every executor before the first job, for user code
     that the executors cannot import otherwise (``headrace run`` ships the topology's own package).
+    ``progress_queries=True`` puts each computation's numbers (watermarks, lag, records, late and
+    dead-letter counts) in Spark's streaming progress events through a light query of its own
+    (docs/monitoring.md); it is off by default, since in continuous mode it costs a task slot and
+    latency (BENCHMARKS.md).
     """
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,
@@ -55,13 +59,15 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         from .spark.continuous import ContinuousRunner
 
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
-                                       metrics_port=metrics_port, ui=ui, py_files=py_files).start()
+                                       metrics_port=metrics_port, ui=ui, py_files=py_files,
+                                       progress_queries=progress_queries).start()
     else:
         from .spark.runner import SparkRunner
 
         runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
                              progress=progress, spark=spark, retention_ms=retention_ms,
-                             metrics_port=metrics_port, ui=ui, py_files=py_files).start()
+                             metrics_port=metrics_port, ui=ui, py_files=py_files,
+                             progress_queries=progress_queries).start()
     dashboard = None
     try:
         if dashboard_port is not None:

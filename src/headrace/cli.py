@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="serve Prometheus metrics on http://<this host>:PORT/metrics while it runs (0: any free port)")
     p_run.add_argument("--dashboard-port", type=int, default=0, help="serve the dashboard there (0: a free port)")
     p_run.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
+    p_run.add_argument("--progress-queries", action="store_true",
+                       help="put each computation's numbers in Spark's streaming progress events (a light query each)")
     p_run.add_argument("--py-files", action="append", default=[], metavar="PATH",
                        help="also ship this Python file, zip or package folder to the executors (repeatable); "
                             "the topology's own package is always shipped")
@@ -91,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run(topology, store=args.store, master=args.master, timeout_s=args.timeout,
                          mode=args.mode, metrics_port=args.metrics_port,
                          dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr,
-                         ui=not args.no_ui, py_files=[*([package] if package else []), *args.py_files])
+                         ui=not args.no_ui, py_files=[*([package] if package else []), *args.py_files],
+                         progress_queries=args.progress_queries)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "dashboard":

@@ -23,11 +23,14 @@ import atexit
 import itertools
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Mapping
+
+import pyarrow as pa
 
 from .engine import DedupCache, InputRecord, run_batch
 from .errors import InvalidKeyError, OptionError
 from .model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, Timestamp, to_millis
+from .schema import StreamSchema
 from .store import Store, open_store
 from .topology import check_computation_class, check_name
 
@@ -44,15 +47,22 @@ class Harness:
     Each call is one committed batch. ``store`` defaults to a fresh SQLite file in a temporary
     folder; pass a URL to keep it (a second Harness on the same URL resumes where it stopped).
     ``outputs`` restricts the streams the computation may produce to (any, by default).
+    ``schemas`` (``{stream: Spark DDL or pyarrow.Schema}``) types streams as
+    ``Topology.stream(..., schema=...)`` does: productions to them and input values of them
+    (the input stream is ``"input"``) are checked, a misfit handled under ``on_error``.
     """
 
     def __init__(self, cls: type[Computation], *, name: str | None = None, outputs: list[str] | None = None,
-                 store: str | None = None, **options: Any):
+                 store: str | None = None, schemas: Mapping[str, str | pa.Schema] | None = None, **options: Any):
         label = check_name("computation", name or getattr(cls, "__name__", "computation"))
         self.cls = check_computation_class(label, cls)
         self.name = label
         self.options = ComputationOptions.from_kwargs(label, options)
         self.outputs = frozenset(outputs) if outputs is not None else None
+        if schemas is not None and not isinstance(schemas, Mapping):
+            raise OptionError("Harness schemas are a dict of stream name to schema", got=schemas,
+                              hint="e.g. schemas={'input': 'user STRING, n BIGINT'}")
+        self.schemas = {check_name("stream", s): StreamSchema(v) for s, v in (schemas or {}).items()}
         if store is None:
             folder = tempfile.mkdtemp(prefix="headrace-harness-")
             atexit.register(shutil.rmtree, folder, True)
@@ -105,7 +115,8 @@ class Harness:
                             batch=self._batch, records=records, watermark_before=self._watermark,
                             watermark_after=watermark_after, wall_clock=self._wall_clock,
                             sequencer=self.sequencer, previous_output=self._output_watermark,
-                            dedup_streams=frozenset({HARNESS_STREAM}), dedup_cache=self._dedup)
+                            dedup_streams=frozenset({HARNESS_STREAM}), dedup_cache=self._dedup,
+                            schemas=self.schemas)
         self._output_watermark = outcome.output_watermark
         self._watermark = watermark_after
         return [Record(p.key, p.value, p.timestamp, p.id) for p in outcome.productions]

@@ -347,6 +347,13 @@ class Topology:
         """The schemas of the typed streams among ``names``."""
         return {n: self.schemas[n] for n in names if n in self.schemas}
 
+    def checked_schemas(self, name: str) -> dict[str, StreamSchema]:
+        """The typed streams whose values computation ``name``'s batches check: those it produces
+        to, and those of its inputs an injector writes (a computation's productions were checked
+        when they were made)."""
+        spec = self.computation(name)
+        return self.schemas_of([*spec.outputs, *(s for s in spec.inputs if s in self.injections)])
+
     def remove(self, name: str) -> ComputationSpec:
         """Remove a computation; refused while another computation consumes a stream only it produces."""
         spec = self.computation(name)

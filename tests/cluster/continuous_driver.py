@@ -37,7 +37,8 @@ def main(master: str, store_url: str) -> dict[str, Any]:
     topology.inject("events", injectors.generator(event, count=None, timestamp="ts", rate=200, batch_size=20))
     topology.add(CountPerKey, inputs={"events": key_by("key")}, outputs=[], shards=SHARDS)
     tracker = spark.sparkContext.statusTracker()
-    runner = ContinuousRunner(topology, store_url, spark=spark, progress=None).start()
+    # every core a worker: no progress query to leave a slot to
+    runner = ContinuousRunner(topology, store_url, spark=spark, progress=None, progress_queries=False).start()
     store = open_store(store_url)
     report: dict[str, Any] = {"driver": {"host": socket.gethostname(), "pid": os.getpid()}, "slots": runner.slots()}
     try:

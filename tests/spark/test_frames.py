@@ -1,6 +1,6 @@
 """Streams as Spark DataFrames: ``stream_df`` under an unmodified Spark aggregation equals the
-oracle, a typed stream's schema is the DataFrame's, and a value that does not fit is dead-lettered
-with the reason (both execution modes)."""
+oracle, a typed stream's schema is the DataFrame's, and a value that does not fit, produced or
+injected, is dead-lettered with the reason (both execution modes)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import pytest
 
 from headrace import Computation, Topology, injectors, key_by, read, run, stream_df, table_df
 from headrace.errors import OptionError, UnknownStreamError
+from headrace.store import open_store
 
 USERS = ["ann", "bob", "cy", "dee", "eve"]
 BAD = 77  # the event whose production does not fit the schema
+# injected values that do not fit the typed input stream: dead-lettered before user code sees them
+MISFITS = [{"user": "ann", "n": "not a number", "ts": 1_005}, {"user": "bob", "n": 1, "ts": 1_015, "extra": True}]
 
 
 def events(n: int = 400) -> list[dict[str, Any]]:
@@ -30,6 +33,7 @@ class Typed(Computation):
 def build(data: list[dict[str, Any]]) -> Topology:
     t = Topology("frames")
     t.inject("events", injectors.records(data, timestamp="ts", batch_size=50))
+    t.stream("events", schema="user STRING, n BIGINT, ts BIGINT")
     t.add(Typed, inputs={"events": key_by("user")}, outputs=["typed"], on_error="dead_letter", shards=2)
     t.stream("typed", schema="user STRING, n BIGINT")
     return t
@@ -38,7 +42,7 @@ def build(data: list[dict[str, Any]]) -> Topology:
 def test_stream_df_counts_equal_the_oracle_and_a_value_that_does_not_fit_is_dead_lettered(
         spark: Any, store_url: str, mode: str) -> None:
     data = events()
-    run(build(data), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
+    run(build(data[:1] + MISFITS + data[1:]), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     oracle = Counter(e["user"] for e in data if e["n"] != BAD)
 
     df = stream_df("typed", spark=spark, store=store_url)
@@ -59,14 +63,25 @@ def test_stream_df_counts_equal_the_oracle_and_a_value_that_does_not_fit_is_dead
     assert {r.id for r in rows} == {r.id for r in read("typed", store_url)}
     assert all(r.timestamp == 1_000 + r.value.n * 10 for r in rows)
 
-    letters = list(read("Typed.dead_letter", store_url))
-    assert [(r.value["record_id"] is not None, r.value["value"]["n"]) for r in letters] == [(True, BAD)]
-    assert letters[0].value["error"].startswith(
+    letters = sorted(read("Typed.dead_letter", store_url), key=lambda r: str(r.value["value"]["n"]))
+    assert [(r.value["record_id"] is not None, r.value["value"]) for r in letters] == [
+        (True, MISFITS[1]), (True, {"user": USERS[BAD * 7 % len(USERS)], "n": BAD, "ts": 1_000 + BAD * 10}),
+        (True, MISFITS[0])]
+    assert letters[0].value["error"] == (
+        "SchemaMismatchError: A value produced to typed stream 'events' does not fit its schema: field 'extra' is "
+        "not in the schema (`user` STRING, `n` BIGINT, `ts` BIGINT) (got {'user': 'bob', 'n': 1, 'ts': 1015, "
+        "'extra': True}). Hint: produce a dict with the fields `user` STRING, `n` BIGINT, `ts` BIGINT")
+    assert letters[1].value["error"].startswith(
         "SchemaMismatchError: A value produced to typed stream 'typed' does not fit its schema: ArrowInvalid: "
         "Could not convert 'seventy-seven' with type str: tried to convert to int64")
+    assert letters[2].value["error"].startswith(
+        "SchemaMismatchError: A value produced to typed stream 'events' does not fit its schema: ArrowInvalid: "
+        "Could not convert 'not a number' with type str: tried to convert to int64")
+    assert open_store(store_url).counters("Typed")["dead_lettered"] == 3
     untyped = table_df("Typed.dead_letter", spark=spark, store=store_url)
     assert untyped.schema["value"].dataType.simpleString() == "binary"
-    assert pickle.loads(untyped.collect()[0].value)["value"]["n"] == BAD
+    assert sorted(map(str, (pickle.loads(r.value)["value"]["n"] for r in untyped.collect()))) == sorted(
+        map(str, (1, BAD, "not a number")))
 
 
 def test_a_stream_df_starts_from_a_batch_and_refuses_what_is_not_a_stream(spark: Any, store_url: str) -> None:

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from headrace import Computation, Topology, key_by
-from headrace.errors import OptionError, SchemaMismatchError, TopologyError
+from headrace.errors import OptionError, SchemaMismatchError, TopologyError, UserCodeError
 from headrace.schema import StreamSchema
+from headrace.testing import Harness
 
 
 def exact(text: str) -> str:
@@ -75,3 +76,49 @@ def test_a_topology_types_only_a_stream_it_has() -> None:
     t.add(Echo, inputs={"words": key_by("w")}, outputs=["out"])
     assert t.stream("out", schema="w STRING") == StreamSchema("w STRING")
     assert t.schemas_of(["out", "words"]) == {"out": StreamSchema("w STRING")}
+
+
+class CountPerKey(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = (ctx.state or 0) + 1
+
+
+def test_an_injected_value_that_does_not_fit_is_dead_lettered_on_the_harness_with_the_reason() -> None:
+    h = Harness(CountPerKey, schemas={"input": "user STRING, n BIGINT"}, on_error="dead_letter")
+    h.process("ann", {"user": "ann", "n": 1}, 10)
+    h.process("ann", {"user": "ann", "n": "two"}, 20, id="r2")
+    h.process("ann", ["ann", 3], 30, id="r3")
+    assert h.state("ann") == 1
+    assert h.counters["dead_lettered"] == 2
+    letters = [r.value for r in h.productions("CountPerKey.dead_letter")]
+    assert [(v["record_id"], v["stream"], v["value"]) for v in letters] == [
+        ("r2", "input", {"user": "ann", "n": "two"}), ("r3", "input", ["ann", 3])]
+    assert letters[1]["error"] == (
+        "SchemaMismatchError: A value produced to typed stream 'input' does not fit its schema: a value of a typed "
+        "stream is a dict of its fields, not list (got ['ann', 3]). Hint: produce a dict with the fields "
+        "`user` STRING, `n` BIGINT")
+    assert letters[0]["error"].startswith("SchemaMismatchError: A value produced to typed stream 'input' does not "
+                                          "fit its schema: ArrowInvalid: Could not convert 'two'")
+
+
+def test_without_dead_letters_an_injected_misfit_fails_naming_the_record() -> None:
+    h = Harness(CountPerKey, schemas={"input": "n BIGINT"})
+    with pytest.raises(UserCodeError, match=re.escape(
+            "Computation 'CountPerKey' failed on key 'k' at record 'r1' (timestamp 5): A value produced to typed "
+            "stream 'input' does not fit its schema: field 'm' is not in the schema (`n` BIGINT)")):
+        h.process("k", {"m": 1}, 5, id="r1")
+    with pytest.raises(OptionError, match=exact(
+            "Harness schemas are a dict of stream name to schema (got ['input']). Hint: e.g. "
+            "schemas={'input': 'user STRING, n BIGINT'}")):
+        Harness(CountPerKey, schemas=["input"])  # type: ignore[arg-type]
+
+
+def test_a_computation_checks_its_outputs_and_its_injected_inputs() -> None:
+    t = Topology("checked")
+    t.inject("events", [{"n": 1}])
+    t.add(CountPerKey, name="First", inputs={"events": key_by("n")}, outputs=["mid"])
+    t.add(CountPerKey, name="Second", inputs={"mid": key_by("n")}, outputs=["out"])
+    for stream in ("events", "mid", "out"):
+        t.stream(stream, schema="n BIGINT")
+    assert sorted(t.checked_schemas("First")) == ["events", "mid"]
+    assert sorted(t.checked_schemas("Second")) == ["out"]  # "mid" was checked when First produced it

@@ -187,7 +187,7 @@ def run_batch(computation: Computation, name: str, options: ComputationOptions, 
               store: ShardStore, journal: Journal, *, batch: int, records: list[InputRecord],
               watermark_before: int, watermark_after: int, wall_clock: int, sequencer: int,
               previous_output: int, dedup_streams: frozenset[str],
-              dedup_cache: DedupCache | None = None) -> BatchOutcome:
+              dedup_cache: DedupCache | None = None, schemas: Mapping[str, ValueCheck] | None = None) -> BatchOutcome:
     """A whole batch in this process: every shard with input or a due timer, then ``finish_batch``."""
     per_shard: dict[int, list[InputRecord]] = {}
     for r in records:
@@ -198,7 +198,7 @@ def run_batch(computation: Computation, name: str, options: ComputationOptions, 
     for shard in sorted(shards):
         result = run_shard_batch(computation, name, options, outputs, store, ShardBatch(
             name, shard, batch, per_shard.get(shard, []), watermark_before, watermark_after, wall_clock,
-            sequencer, dedup_streams), dedup_cache)
+            sequencer, dedup_streams), dedup_cache, schemas)
         productions.extend(result.productions)
         for k, v in result.counters.items():
             counters[k] = counters.get(k, 0) + v

@@ -224,8 +224,12 @@ def process_shard(
     is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
     schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardCommit:
-    """Run user code for one shard batch and return everything it changed, uncommitted."""
+    """Run user code for one shard batch and return everything it changed, uncommitted.
+
+    ``schemas``: the typed streams whose values the batch checks: productions to them, and input
+    records of them (a misfit is a failure of the record, under the ``on_error`` policy)."""
     counters = new_counters()
+    checks = schemas or {}
     records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
     by_key = _group_by_key(records)
     timers_by_key: dict[str, dict[str, DueTimer]] = {}
@@ -260,6 +264,8 @@ def process_shard(
             ctx._timestamp = r.timestamp
             point = ctx.savepoint() if dead_letters else None
             try:
+                if r.stream in checks:
+                    checks[r.stream].require(r.stream, r.value)
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id))
             except Exception as exc:
                 what = f"record {r.id!r} (timestamp {r.timestamp})"

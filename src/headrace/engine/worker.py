@@ -52,7 +52,7 @@ class IntervalPlan:
     inputs: Mapping[str, KeyExtractor]
     producers: Mapping[str, tuple[str, ...]]
     dedup_streams: frozenset[str] = frozenset()
-    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed output streams
+    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed streams it checks (Topology.checked_schemas)
 
     @property
     def fold_streams(self) -> frozenset[str]:

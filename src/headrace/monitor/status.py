@@ -17,7 +17,7 @@ from ..store.monitoring import WHOLE_COMPUTATION
 from .events import active_alerts, last_errors, wall_ms
 from .graph import recorded_graphs
 
-__all__ = ["status", "status_of", "RECENT_MS"]
+__all__ = ["status", "status_of", "progress_of", "RECENT_MS"]
 
 RECENT_MS = 10_000  # "recent": records/s and commit intervals are measured over this window
 
@@ -59,6 +59,21 @@ def status_of(db: Store, now_ms: int | None = None) -> dict[str, Any]:
         stage["alert"] = alerts.get(stage["name"])
     return {"store": db.shown_url, "now_ms": now, "recent_ms": RECENT_MS, "topologies": topologies,
             "stages": stages, "alerts": list(alerts.values())}
+
+
+def progress_of(db: Store, name: str, now: int | None = None) -> dict[str, int | None]:
+    """The few numbers of computation ``name`` that Spark's progress events carry (docs/monitoring.md,
+    "In Spark's progress events"): cheap enough to read every second. The watermarks are read
+    before the counters, so counters read at the end of time are final."""
+    journal = db.latest_batch(name)
+    inp, out = (journal.input_watermark, journal.output_watermark) if journal else (BEGINNING_OF_TIME,) * 2
+    return {"watermark": inp, "output_watermark": out,
+            "watermark_lag_ms": wall_lag(wall_ms() if now is None else now, out), **_counts(db.counters(name))}
+
+
+def _counts(counters: dict[str, int]) -> dict[str, int]:
+    return {"records": counters.get("records", 0), "late_dropped": counters.get("late_dropped", 0),
+            "late_delivered": counters.get("late_delivered", 0), "dead_letters": counters.get("dead_lettered", 0)}
 
 
 def wall_lag(now: int, watermark: int) -> int | None:
@@ -129,10 +144,9 @@ def _computation(db: Store, mode: str, bus: dict[str, list[str]], name: str, spe
     stage = _base(name, "computation", list(spec["inputs"]), list(spec["outputs"]), list(spec["upstream"]),
                   inp, out, now)
     stage.update({
-        "mode": mode, "batches": sum(heads.values()), "records": counters.get("records", 0),
+        "mode": mode, "batches": sum(heads.values()), **_counts(counters),
         "records_per_s": _rate(db, name, now), "backlog_records": backlog_records, "backlog_batches": backlog_batches,
-        "late_dropped": counters.get("late_dropped", 0), "late_delivered": counters.get("late_delivered", 0),
-        "dead_letters": counters.get("dead_lettered", 0), "counters": counters,
+        "counters": counters,
         "owners": _owners(db, name, now, workers), "commit_interval_ms": _commit_intervals(db, parts, now),
         "codec": spec.get("codec"), "shards": shards, "alert_lag_ms": spec.get("alert_lag_ms")})
     return stage

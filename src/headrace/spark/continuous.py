@@ -30,6 +30,7 @@ from ..store import open_store
 from ..topology import Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector
+from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress
 from .query import QueryStats, failure_detail
 from .runner import (InjectorThread, RunResult, announce_ui, check_injectors,
                      checkpoint_root, claim_mode, start_injectors)
@@ -55,7 +56,7 @@ def continuous_producers(topology: Topology, stream: str) -> list[str]:
 def plans_of(topology: Topology) -> list[IntervalPlan]:
     return [IntervalPlan(spec.name, spec.cls, spec.options, frozenset(spec.outputs), dict(spec.inputs),
                          {s: tuple(continuous_producers(topology, s)) for s in spec.inputs},
-                         topology.dedup_streams(spec.name), topology.schemas_of(spec.outputs))
+                         topology.dedup_streams(spec.name), topology.checked_schemas(spec.name))
             for spec in topology.computations.values()]
 
 
@@ -105,7 +106,8 @@ class ContinuousRunner:
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
                  poll_ms: float = 2.0, workers: int | None = None, authority_every_ms: int = 100,
-                 metrics_port: int | None = None, ui: bool = True, py_files: Sequence[str] = ()):
+                 metrics_port: int | None = None, ui: bool = True, py_files: Sequence[str] = (),
+                 progress_queries: bool = False):
         self.topology = topology
         self.py_files = list(py_files)
         self.metrics_port = check_metrics_port(metrics_port)
@@ -116,8 +118,10 @@ class ContinuousRunner:
         self.run_id = uuid.uuid4().hex[:12]
         self.driver = (f"driver:{topology.name}", uuid.uuid4().hex[:12])  # (meta key, this driver's id)
         self.ui = ui
+        self.with_progress = check_progress_queries(progress_queries)
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.sinks: list[SinkQuery] = []
+        self.progress_queries: dict[str, StatusQuery] = {}
         self.errors: list[BaseException] = []
         self.resubmissions = 0
         self.removed: set[str] = set()
@@ -150,6 +154,8 @@ class ContinuousRunner:
         checkpoints = checkpoint_root(self.store, self.topology.name, None)
         self.injectors = start_injectors(self.topology, self.url, checkpoints, 200, self.errors.append)
         self.sinks = start_sinks(self.spark, self.topology, self.url, checkpoints, 200)
+        if self.with_progress:
+            self.progress_queries = start_progress(self.spark, list(self.topology.computations), self.url)
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
         self._authority = threading.Thread(target=self._run_authority, name="headrace-watermark-authority",
@@ -191,6 +197,8 @@ class ContinuousRunner:
             for shard in range(spec.options.shards):
                 self.store.start_interval_at(name, shard, heads)
         self._record_topology()
+        if self.with_progress and self._job is not None and name not in self.progress_queries:
+            self.progress_queries.update(start_progress(self.spark, [name], self.url))
         self._restart_job()
 
     def _record_topology(self) -> None:
@@ -201,6 +209,9 @@ class ContinuousRunner:
         """Stop computation ``name``; the others go on (their workers restart, from their commits)."""
         self.topology.computation(name)
         self.removed.add(name)
+        progress = self.progress_queries.pop(name, None)
+        if progress is not None:
+            progress.stop()
         self._restart_job()
 
     def running(self, name: str) -> bool:
@@ -226,10 +237,12 @@ class ContinuousRunner:
 
     def slots(self) -> int:
         """Worker slots: the cluster's task slots less one per streaming-DataFrame injector and one
-        for the sinks (their queries need a slot to run), and at least one."""
+        that the sinks and the progress queries share (their queries need a slot to run; a
+        progress batch is one short task), and at least one."""
         if self.workers is not None:
             return self.workers
-        reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values()) + bool(self.sinks)
+        reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values()) + bool(
+            self.sinks or self.progress_queries)
         return max(1, self.spark.sparkContext.defaultParallelism - reserved)
 
     def _run_job(self) -> None:
@@ -264,8 +277,8 @@ class ContinuousRunner:
         self._stopping.set()
         for injector in self.injectors.values():
             injector.stop()
-        for sink in self.sinks:
-            sink.stop()
+        for query in [*self.sinks, *self.progress_queries.values()]:
+            query.stop()
         if self.watcher is not None:
             self.watcher.stop()
         try:
@@ -315,8 +328,8 @@ class ContinuousRunner:
     def check(self) -> None:
         try:
             check_injectors(self.errors, self.injectors)
-            for sink in self.sinks:
-                sink.check()
+            for query in [*self.sinks, *self.progress_queries.values()]:
+                query.check()
         except Exception as exc:
             record_error(self.store, blamed(self.topology, exc), exc)
             raise
@@ -337,6 +350,7 @@ class ContinuousRunner:
             time.sleep(0.05)
         for sink in self.sinks:
             sink.flush()
+        flush_progress(self.progress_queries.values())
         self.check()
         return self.result()
 

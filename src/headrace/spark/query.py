@@ -143,7 +143,7 @@ class ComputationQuery:
         self.sequencer = self.store.acquire_writer(spec.name)
         self.subscriptions = [(s, p) for s in spec.inputs for p in topology.producers(s)]
         self.dedup_streams = topology.dedup_streams(spec.name)
-        self.schemas = topology.schemas_of(spec.outputs)
+        self.schemas = topology.checked_schemas(spec.name)
         last = self.store.latest_batch(spec.name)
         self.stats = QueryStats()
         if last is not None:
@@ -172,7 +172,7 @@ class ComputationQuery:
         clear_unfinished_writes(self.checkpoint)
         self.query = (df.writeStream.foreachBatch(self._on_batch)
                       .option("checkpointLocation", self.checkpoint)
-                      .queryName(f"headrace-{self.spec.name}")
+                      .queryName(f"headrace-{self.spec.name}-batches")
                       .trigger(processingTime=f"{self.trigger_ms} milliseconds")
                       .start())
 
@@ -269,13 +269,14 @@ def clear_unfinished_writes(checkpoint: str) -> list[str]:
 
 
 def observe_progress(df: Any) -> Any:
-    """Observed metrics in each batch's ``StreamingQueryProgress.observedMetrics["headrace"]``:
-    the computation's input low watermark after the batch (its lag is the progress event's
-    ``timestamp`` minus it), and the records and rejected (bad input) rows the batch read."""
+    """Observed metrics in each batch's ``StreamingQueryProgress.observedMetrics["headrace_batch"]``:
+    the computation's input low watermark after the batch, and the records and rejected (bad
+    input) rows the batch read. The numbers known only after the shard tasks are in the
+    computation's progress query (``spark/progress.py``)."""
     from pyspark.sql import functions as F
 
     watermark = F.max(F.when(F.col("kind") == CONTROL, F.col("wm_after")))
-    return df.observe("headrace", watermark.alias("watermark"),
+    return df.observe("headrace_batch", watermark.alias("watermark"),
                       F.count(F.when(F.col("kind") != CONTROL, 1)).alias("records"),
                       F.count(F.when(F.col("kind") == REJECTED, 1)).alias("rejected"))
 

@@ -19,6 +19,7 @@ from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector, is_streaming_dataframe
+from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress
 from .query import ComputationQuery, QueryStats
 from .session import spark_session, ui_url
 from .shipping import prepare_user_code
@@ -169,7 +170,8 @@ class SparkRunner:
     def __init__(self, topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]",
                  checkpoint_dir: str | None = None, trigger_ms: int = 200, progress: TextIO | None = None,
                  progress_every_s: float = 5.0, spark: Any = None, retention_ms: int | None = None,
-                 metrics_port: int | None = None, ui: bool = True, py_files: Sequence[str] = ()):
+                 metrics_port: int | None = None, ui: bool = True, py_files: Sequence[str] = (),
+                 progress_queries: bool = False):
         self.topology = topology
         self.py_files = list(py_files)
         self.metrics_port = check_metrics_port(metrics_port)
@@ -192,8 +194,10 @@ class SparkRunner:
         self.spark = spark
         self.retention_ms = retention_ms
         self.ui = ui
+        self.with_progress = check_progress_queries(progress_queries)
         self._last_trim = 0.0
         self.queries: dict[str, ComputationQuery] = {}
+        self.progress_queries: dict[str, StatusQuery] = {}
         self.sinks: list[SinkQuery] = []
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.errors: list[BaseException] = []
@@ -243,6 +247,8 @@ class SparkRunner:
                                  self.trigger_ms, str(start))
         query.start()
         self.queries[name] = query
+        if self.with_progress:
+            self.progress_queries.update(start_progress(self.spark, [name], self.url))
         while start == "now" and query.query is not None and query.query.isActive and query.query.lastProgress is None:
             query.check()
             time.sleep(0.02)
@@ -252,6 +258,9 @@ class SparkRunner:
     def remove(self, name: str) -> None:
         """Stop the query of computation ``name``; the others go on."""
         self.queries.pop(name).stop()
+        progress = self.progress_queries.pop(name, None)
+        if progress is not None:
+            progress.stop()
 
     def running(self, name: str) -> bool:
         query = self.queries.get(name)
@@ -269,10 +278,8 @@ class SparkRunner:
     def check(self) -> None:
         try:
             check_injectors(self.errors, self.injectors)
-            for q in self.queries.values():
+            for q in [*self.queries.values(), *self.progress_queries.values(), *self.sinks]:
                 q.check()
-            for sink in self.sinks:
-                sink.check()
         except Exception as exc:
             store = open_store(self.url)
             try:
@@ -299,6 +306,7 @@ class SparkRunner:
             sink.flush()
         for q in self.queries.values():
             q.await_last_progress()
+        flush_progress(self.progress_queries.values())
         self.check()
         return self.result()
 
@@ -322,7 +330,7 @@ class SparkRunner:
             injector.stop()
         for sink in self.sinks:
             sink.stop()
-        for q in list(self.queries.values()):
+        for q in [*self.queries.values(), *self.progress_queries.values()]:
             q.stop()
         if self.watcher is not None:
             self.watcher.stop()
