@@ -14,6 +14,8 @@ What is keyed by shard, and how it moves:
   slowest old one), stamped with a fresh sequencer: every writer of the old layout is fenced.
 - ``segments`` are slotted by the *producer's* shard and read by batch whatever the slot, and each
   consumer keys what it reads with its own count when it reads it: nothing to move.
+- ``positions`` (continuous mode; micro-batch mode reads from the query's offsets): see
+  ``_restart_intervals``.
 """
 
 from __future__ import annotations
@@ -23,21 +25,31 @@ import time
 from typing import TYPE_CHECKING
 
 from ..engine.batch import shard_of
+from ..engine.ports import Fence
 from ..errors import StoreError
+from .monitoring import WHOLE_COMPUTATION
 
 if TYPE_CHECKING:
     from .sql import SQLStore
 
-__all__ = ["rescale"]
+__all__ = ["rescale", "fences_of"]
+
+FENCES = "fences:"  # meta row of a continuous computation's fences
 
 
 def rescale(store: "SQLStore", computation: str, old: int, new: int) -> None:
     """Move ``computation`` from ``old`` shards to ``new``; the caller holds the write transaction."""
-    _refuse_unsafe(store, computation, old, new)
-    row = store._one("SELECT MAX(batch) FROM batches WHERE producer = ?", (computation,))
-    journaled = int(row[0] or 0)
-    low_in, low_out = store._one("SELECT MIN(input_watermark), MIN(output_watermark) FROM shards "
-                                 "WHERE computation = ?", (computation,))
+    positions = store.all_positions(computation)
+    positions.pop(WHOLE_COMPUTATION, None)
+    continuous = bool(positions) or _parts_journaled(store, computation) > 0
+    if not continuous:
+        _refuse_half_committed(store, computation, old, new)
+    low_in, low_out, top = store._one("SELECT MIN(input_watermark), MIN(output_watermark), MAX(version) FROM shards "
+                                      "WHERE computation = ?", (computation,))
+    if continuous:  # each interval is a producer C/<i> whose batches are its versions: go past them all
+        version = max(int(top), _parts_journaled(store, computation)) + 1
+    else:  # every shard is at the journaled batch or behind (it had no work since)
+        version = int(store._one("SELECT MAX(batch) FROM batches WHERE producer = ?", (computation,))[0] or 0)
     sequencer = store._next_sequencer(computation)
     _move_keyed(store, "timers", computation, new)
     _move_keyed(store, "partials", computation, new)
@@ -49,27 +61,68 @@ def rescale(store: "SQLStore", computation: str, old: int, new: int) -> None:
     store._x("DELETE FROM shards WHERE computation = ?", (computation,))
     store._xmany("INSERT INTO shards(computation, shard, version, input_watermark, output_watermark, sequencer) "
                  "VALUES (?, ?, ?, ?, ?, ?)",
-                 [(computation, s, journaled, int(low_in), int(low_out), sequencer) for s in range(new)])
+                 [(computation, s, version, int(low_in), int(low_out), sequencer) for s in range(new)])
+    if continuous:
+        _restart_intervals(store, computation, old, new, positions, version, int(low_in), int(low_out))
     store._x("UPDATE computations SET shards = ? WHERE name = ?", (new, computation))
     now = int(time.time() * 1000)
     store._x("INSERT INTO events VALUES (?, ?, ?, ?) ON CONFLICT(name, kind, at) DO UPDATE SET detail = "
              "excluded.detail", (computation, now, "rescaled", json.dumps({"from": old, "to": new})))
 
 
-def _refuse_unsafe(store: "SQLStore", computation: str, old: int, new: int) -> None:
-    change = f"Rescaling {computation!r} from {old} to {new} shards in {store.shown_url}"
-    row = store._one("SELECT COUNT(*) FROM positions WHERE computation = ? AND shard >= 0", (computation,))
-    if row[0]:
-        raise StoreError(f"{change} is refused: it ran in continuous mode, whose key intervals keep "
-                         "their own input positions", got=new,
-                         hint=f"keep shards={old} for this computation in continuous mode, or give the "
-                              "rescaled computation a new name")
+def _parts_journaled(store: "SQLStore", computation: str) -> int:
+    """The highest batch any interval ``C/<i>`` of the computation journaled (0: none)."""
+    row = store._one("SELECT MAX(batch) FROM batches WHERE producer >= ? AND producer < ?",
+                     (computation + "/", computation + "0"))  # '0' follows '/': every name C/...
+    return int(row[0] or 0)
+
+
+def _restart_intervals(store: "SQLStore", computation: str, old: int, new: int, positions: dict[int, dict[str, int]],
+                       version: int, low_in: int, low_out: int) -> None:
+    """Continuous mode: each new interval starts reading where the slowest old one stands, and a
+    fence remembers where each old interval stood, so that a record an old interval already took
+    for its keys is skipped (``IntervalClaim.fences``). Each new interval journals its starting
+    watermarks, so its consumers never hold a watermark of an old interval above what it promises."""
+    old_positions = {i: positions.get(i, {}) for i in range(old)}
+    producers = sorted({p for ps in old_positions.values() for p in ps})
+    start = {p: min(ps.get(p, 0) for ps in old_positions.values()) for p in producers}
+    fences = [f for f in _fences(store, computation)
+              if any(start.get(p, 0) < max(at.get(p, 0) for at in f[1].values()) for p in _producers_of(f))]
+    if any(start[p] < at.get(p, 0) for at in old_positions.values() for p in producers):
+        fences.append((old, old_positions))
+    store._x("DELETE FROM positions WHERE computation = ? AND shard >= 0", (computation,))
+    store._xmany("INSERT INTO positions VALUES (?, ?, ?, ?)",
+                 [(computation, s, p, b) for s in range(new) for p, b in start.items()])
+    store._x("INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+             (FENCES + computation, json.dumps([[n, {str(i): at for i, at in layer.items()}] for n, layer in fences])))
+    now = int(time.time() * 1000)
+    store._xmany("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
+                 [(f"{computation}/{s}", version, low_in, low_out, now) for s in range(new)])
+
+
+def _producers_of(fence: Fence) -> set[str]:
+    return {p for at in fence[1].values() for p in at}
+
+
+def fences_of(store: "SQLStore", computation: str) -> tuple[Fence, ...]:
+    """The positions of the layouts a continuous computation was rescaled from (oldest first)."""
+    return tuple(_fences(store, computation))
+
+
+def _fences(store: "SQLStore", computation: str) -> list[Fence]:
+    row = store._one("SELECT value FROM meta WHERE name = ?", (FENCES + computation,))
+    return [(int(n), {int(i): {str(p): int(b) for p, b in at.items()} for i, at in layer.items()})
+            for n, layer in json.loads(row[0])] if row else []
+
+
+def _refuse_half_committed(store: "SQLStore", computation: str, old: int, new: int) -> None:
     journaled = store._one("SELECT MAX(batch) FROM batches WHERE producer = ?", (computation,))[0] or 0
     ahead = store._one("SELECT shard, version FROM shards WHERE computation = ? AND version > ? "
                        "ORDER BY shard LIMIT 1", (computation, journaled))
     if ahead is not None:
-        raise StoreError(f"{change} is refused: shard {ahead[0]} committed batch {ahead[1]}, which the journal "
-                         f"has not completed (it is at batch {journaled})", got=new,
+        raise StoreError(f"Rescaling {computation!r} from {old} to {new} shards in {store.shown_url} is refused: "
+                         f"shard {ahead[0]} committed batch {ahead[1]}, which the journal has not completed (it is at "
+                         f"batch {journaled})", got=new,
                          hint=f"run once more with shards={old} so that batch {ahead[1]} completes, then change shards")
 
 

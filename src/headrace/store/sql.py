@@ -18,7 +18,7 @@ from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
 from .base import Failpoint
 from .monitoring import MonitorQueries
-from .rescale import rescale
+from .rescale import fences_of, rescale
 from .segments import encode_segment, segment_rows
 
 __all__ = ["SQLStore"]
@@ -143,7 +143,9 @@ class SQLStore(MonitorQueries):
                     (sequencer, owner, lease_until, computation, shard))
             positions = {p: int(b) for p, b in self._all(
                 "SELECT producer, batch FROM positions WHERE computation = ? AND shard = ?", (computation, shard))}
-        return IntervalClaim(sequencer, int(row[2]), int(row[3]), positions)
+            shards = int(self._one("SELECT shards FROM computations WHERE name = ?", (computation,))[0])
+            fences = fences_of(self, computation)
+        return IntervalClaim(sequencer, int(row[2]), int(row[3]), positions, shards, fences)
 
     def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
                         lease_until: int) -> set[int]:

@@ -208,16 +208,48 @@ def test_a_half_committed_batch_is_refused_until_it_completes(store_url: str) ->
     store.close()
 
 
-def test_a_computation_that_ran_in_continuous_mode_is_refused(store_url: str) -> None:
+def interval_commit(store: Any, shard: int, claim: Any, position: int, watermark: int, key: str) -> None:
+    """An interval's commit in continuous mode: it read the injector up to ``position``."""
+    store.commit_shard(ShardCommit(C, shard, claim.version + 1, claim.version, claim.sequencer,
+                                   state_writes=[(key, pickle.dumps(1))], input_watermark=watermark,
+                                   output_watermark=watermark, positions={"inject:in": position},
+                                   journal_as=f"{C}/{shard}"))
+
+
+def claim_all(store: Any, shards: int) -> dict[int, Any]:
+    return {s: store.claim_interval(C, s, "worker", 0, 1 << 40) for s in range(shards)}
+
+
+def test_continuous_intervals_restart_at_the_slowest_position_behind_a_fence(store_url: str) -> None:
     store = open_store(store_url)
     store.register(C, 4)
-    store.start_interval_at(C, 2, {"inject:in": 5})
-    expected = (f"Rescaling 'tally' from 4 to 7 shards in {store.shown_url} is refused: it ran in continuous mode, "
-                "whose key intervals keep their own input positions (got 7). Hint: keep shards=4 for this "
-                "computation in continuous mode, or give the rescaled computation a new name")
-    with pytest.raises(StoreError, match=f"^{re.escape(expected)}$"):
-        store.register(C, 7)
-    assert store.computations()[C] == 4
+    for s, claim in claim_all(store, 4).items():  # the intervals read the injector to different batches
+        interval_commit(store, s, claim, 10 + s, 100 + s, f"key-{s}")
+    old = claim_all(store, 4)
+
+    store.register(C, 7)
+    claims = claim_all(store, 7)
+    assert {s: (c.version, c.input_watermark, c.positions, c.shards) for s, c in claims.items()} == \
+        {s: (2, 100, {"inject:in": 10}, 7) for s in range(7)}  # past every C/<i> batch; the slowest position
+    fence = (4, {i: {"inject:in": 10 + i} for i in range(4)})
+    assert all(c.fences == (fence,) for c in claims.values())
+    # each new interval journals where it starts: its consumers' watermark is never above it
+    assert {s: (b.batch, b.input_watermark, b.output_watermark) for s in range(7)
+            for b in [store.latest_batch(f"{C}/{s}")]} == {s: (2, 100, 100) for s in range(7)}
+    expected = (f"Writer of 'tally' with sequencer {old[1].sequencer} was fenced off: the store's sequencer is "
+                f"{claims[1].sequencer} (got {old[1].sequencer}). Hint: a newer owner took interval 1 of this "
+                "computation; this worker drops it and goes on")
+    with pytest.raises(FencedWriterError, match=f"^{re.escape(expected)}$"):
+        interval_commit(store, 1, old[1], 20, 200, "key-1")
+
+    for s, claim in claims.items():  # the 7 intervals all read up to batch 12
+        interval_commit(store, s, claim, 12, 110, f"key-{s}")
+    store.register(C, 2)
+    claims = claim_all(store, 2)
+    assert {s: (c.version, c.positions) for s, c in claims.items()} == {s: (4, {"inject:in": 12}) for s in range(2)}
+    # the 4-interval fence still covers batch 13 of old interval 3; the 7 stood together: no fence of theirs
+    assert claims[0].fences == (fence,)
+    assert store.all_positions(C) == {s: {"inject:in": 12} for s in range(2)}
     store.close()
 
 
