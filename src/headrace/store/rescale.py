@@ -39,6 +39,9 @@ FENCES = "fences:"  # meta row of a continuous computation's fences
 
 def rescale(store: "SQLStore", computation: str, old: int, new: int) -> None:
     """Move ``computation`` from ``old`` shards to ``new``; the caller holds the write transaction."""
+    # every shard commit locks its shard row first: holding them all, no commit of the old layout
+    # is in flight, and each statement below sees what the last one wrote (PostgreSQL)
+    store._all(f"SELECT shard FROM shards WHERE computation = ? ORDER BY shard{store.FOR_UPDATE}", (computation,))
     positions = store.all_positions(computation)
     positions.pop(WHOLE_COMPUTATION, None)
     continuous = bool(positions) or _parts_journaled(store, computation) > 0
