@@ -2,7 +2,8 @@
 rescaling tests share (tests/spark/test_rescale.py, tests/unit/test_rescale_harness.py).
 
 As a script it is one driver life, which the slow test SIGKILLs:
-``python rescaling.py STORE_URL SHARDS MODE N RATE``.
+``python rescaling.py STORE_URL SHARDS MODE N RATE [STOP_AFTER]`` (RATE 0: unlimited; with
+STOP_AFTER, the life stops cleanly once it has published that many records).
 """
 
 from __future__ import annotations
@@ -100,6 +101,16 @@ def journaled(url: str) -> int:
         store.close()
 
 
+def first_stage_behind(url: str) -> int:
+    """How many injected records the first stage has not counted yet."""
+    store = open_store(url)
+    try:
+        injected = sum(store.segment_records("searches", p, 0, 1 << 62) for p in store.stream_producers("searches"))
+        return injected - store.counters(STAGES[0]).get("records", 0)
+    finally:
+        store.close()
+
+
 def run_then_quiesce(runner: Any, url: str, records: int, timeout_s: float = 60) -> int:
     """Let the injector publish ``records`` records, stop it, let the stages take what it sent (no
     micro-batch is cut short: a half-committed batch would refuse the change), then stop.
@@ -111,6 +122,10 @@ def run_then_quiesce(runner: Any, url: str, records: int, timeout_s: float = 60)
         time.sleep(0.05)
     for injector in runner.injectors.values():
         injector.stop()
+    while first_stage_behind(url) > 0:
+        runner.check()
+        assert time.monotonic() < deadline, runner.describe()
+        time.sleep(0.05)
     last, still_since = journaled(url), time.monotonic()
     while time.monotonic() - still_since < 1.5:
         time.sleep(0.1)
@@ -149,7 +164,7 @@ if __name__ == "__main__":
     from tests.spark.pipelines import searches
 
     url, shards, mode, n, rate = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-    topology = rescaled(searches(n, seed=9), shards, rate)
+    topology = rescaled(searches(n, seed=9), shards, rate or None)
     if len(sys.argv) > 6:  # a life that stops (cleanly) once it has published this many records
         runner = (ContinuousRunner(topology, url, "local[2,100]", progress=None) if mode == "continuous" else
                   SparkRunner(topology, url, "local[2,100]", progress=None, trigger_ms=100))
