@@ -61,7 +61,9 @@ class DedupIndex:
 
     The Bloom filter answers "certainly new" for almost every new id without touching the store;
     a "maybe" is confirmed by ``lookup`` (the store's exact check). The filter is valid for one
-    shard version: after a commit by someone else the caller rebuilds it from ``load_all``.
+    shard version under one writer: after a commit by someone else, or under a new writer (which a
+    re-partition of the keys always brings, and which may have moved ids into the shard at the same
+    version), the caller rebuilds it from ``load_all``.
     """
 
     def __init__(self, lookup: Callable[[list[str]], set[str]], load_all: Callable[[], Iterable[str]]):
@@ -69,13 +71,15 @@ class DedupIndex:
         self._load_all = load_all
         self._bloom: BloomFilter | None = None
         self.version: int | None = None
+        self.writer: int | None = None
 
-    def ensure(self, version: int) -> None:
-        if self._bloom is None or self.version != version or self._bloom.saturated:
+    def ensure(self, version: int, writer: int) -> None:
+        """Valid for ``version`` of the shard under the sequencer ``writer``: rebuilt unless it is."""
+        if self._bloom is None or self.version != version or self.writer != writer or self._bloom.saturated:
             ids = list(self._load_all())
             bloom = BloomFilter(capacity=max(100_000, 4 * len(ids)))
             bloom.add_many(ids)
-            self._bloom, self.version = bloom, version
+            self._bloom, self.version, self.writer = bloom, version, writer
 
     def seen(self, ids: list[str]) -> set[str]:
         bloom = self._built("seen(ids)")
@@ -91,5 +95,5 @@ class DedupIndex:
 
     def _built(self, call: str) -> BloomFilter:
         if self._bloom is None:
-            raise RuntimeError(f"DedupIndex.{call} was called before ensure(version): call ensure(version) first")
+            raise RuntimeError(f"DedupIndex.{call} was called before ensure(version, writer): call ensure(version, writer) first")
         return self._bloom

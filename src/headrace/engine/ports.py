@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 from ..errors import StoreError
 from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
 
-__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "IntervalClaim"]
+__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "IntervalClaim", "Fence"]
 
 
 class BatchInfo(NamedTuple):
@@ -95,13 +95,25 @@ class Journal(Protocol):
     def batch_info(self, producer: str, batch: int) -> BatchInfo | None: ...
 
 
+# Where each interval of an earlier layout of a computation had read up to, when it was rescaled:
+# (its shard count, {old interval: {producer: last batch read}}).
+Fence = tuple[int, dict[int, dict[str, int]]]
+
+
 class IntervalClaim(NamedTuple):
-    """An interval a worker took: its new sequencer, and where its committed state stands."""
+    """An interval a worker took: its new sequencer, and where its committed state stands.
+
+    ``shards`` is the computation's interval count in the store (a worker planned for another
+    count belongs to an older layout). A record of producer ``p`` in batch ``b`` whose key was in
+    old interval ``i`` of a fence ``(n, at)`` was already taken by that interval when
+    ``b <= at[i][p]`` (``i = shard_of(key, n)``): a rescaled interval skips it."""
 
     sequencer: int
     version: int
     input_watermark: int
     positions: dict[str, int]
+    shards: int = 0
+    fences: tuple[Fence, ...] = ()
 
 
 class IntervalStore(ShardStore, Bus, Journal, Protocol):

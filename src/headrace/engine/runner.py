@@ -102,7 +102,7 @@ def prepare_shard_batch(
     index = None
     if options.dedup and batch.dedup_streams:
         index = (dedup_cache or DedupCache()).index(store, name, batch.shard)
-        index.ensure(snapshot.version)
+        index.ensure(snapshot.version, batch.sequencer)
         is_duplicate = index.seen
     try:
         if monoid:

@@ -23,7 +23,7 @@ from ..errors import MISSING_MODULE_HINT, BadInputError, FencedWriterError, Stal
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
 from .batch import InputRecord, ShardBatch, shard_of
 from .monoid import Folder, fold_streams
-from .ports import IntervalClaim, IntervalStore
+from .ports import Fence, IntervalClaim, IntervalStore
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
 from .shard import ValueCheck
 from .watermark import input_low_watermark
@@ -53,6 +53,9 @@ class IntervalPlan:
     producers: Mapping[str, tuple[str, ...]]
     dedup_streams: frozenset[str] = frozenset()
     schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed streams it checks (Topology.checked_schemas)
+    # intervals of an upstream's earlier, larger layout: read to their end, and then, with nothing
+    # more to come from them, left out of the input watermark (the upstream's new intervals hold it)
+    retired: frozenset[str] = frozenset()
 
     @property
     def fold_streams(self) -> frozenset[str]:
@@ -92,6 +95,7 @@ class Worker:
         self._leases_checked = 0
         self._watermarks: dict[tuple[str, int], int] = {}
         self.fenced: list[tuple[str, int, str]] = []  # (computation, interval, error) it lost by being fenced
+        self.fences: dict[str, tuple[Fence, ...]] = {p.name: () for p in plans}
         self.on_fenced = on_fenced
 
     # -- leases ---------------------------------------------------------------------------------
@@ -119,9 +123,20 @@ class Worker:
                     continue
                 claim = self.store.claim_interval(plan.name, shard, self.owner, now, until)
                 if claim is not None:
+                    self._check_layout(plan, shard, claim)
+                    self.fences[plan.name] = claim.fences
                     positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
                     owned[shard] = OwnedInterval(shard, claim, positions)
         self._leases_checked = now
+
+    def _check_layout(self, plan: IntervalPlan, shard: int, claim: IntervalClaim) -> None:
+        if claim.shards == plan.options.shards:
+            return
+        self.store.release_interval(plan.name, shard, claim.sequencer)
+        raise FencedWriterError(
+            f"Worker {self.owner} runs {plan.name!r} with {plan.options.shards} key intervals, but the store has "
+            f"{claim.shards}", got=plan.options.shards,
+            hint="the computation was rescaled by a newer driver; this worker belongs to an older one and stops")
 
     def release_all(self) -> None:
         for plan in self.plans:
@@ -174,7 +189,8 @@ class Worker:
         folders = ({i.shard: Folder(code, plan.name, i.claim.input_watermark) for i in intervals}
                    if isinstance(code, MonoidComputation) else {})  # a monoid's records are folded as they are read
         records, rejected = self._read(plan, positions, target, {i.shard for i in intervals}, folders)
-        watermark = min((input_low_watermark([self._watermark_at(p, target[p]) for p in producers],
+        watermark = min((input_low_watermark([self._watermark_at(p, target[p]) for p in producers
+                                              if p not in plan.retired],
                                              plan.options.percentile(stream))
                          for stream, producers in plan.producers.items()), default=END_OF_TIME)
         due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
@@ -238,6 +254,7 @@ class Worker:
         n = plan.options.shards
         dead_letters = plan.options.on_error == "dead_letter"
         fold = plan.fold_streams
+        fences = self.fences[plan.name]
         for stream, producers in plan.producers.items():
             extractor = plan.inputs[stream]
             stream_folders = folders if stream in fold else {}
@@ -245,7 +262,7 @@ class Worker:
                 after, upto = positions.get(producer, 0), target[producer]
                 if upto <= after:
                     continue
-                for r in _records(self.store, plan.name, stream, producer, after, upto):
+                for batch, r in _records(self.store, plan.name, stream, producer, after, upto):
                     try:
                         key = extractor(r.value)
                     except Exception as exc:
@@ -256,11 +273,13 @@ class Worker:
                                 f"failed extracting its key with {extractor.description}", got_text=cause,
                                 hint="fix the record or the key extractor, or add the computation with "
                                      "on_error='dead_letter' to route such records aside") from None
+                        if fences and any(batch <= at.get(0, {}).get(producer, 0) for _, at in fences):
+                            continue  # an earlier layout's interval 0, which takes bad input, took it
                         rejected.append(InputRecord(stream, "", _rejection(plan.name, extractor, stream, r, cause),
                                                     r.timestamp, r.id))
                         continue
                     shard = shard_of(key, n)
-                    if shard in shards:
+                    if shard in shards and not (fences and _taken(fences, key, producer, batch)):
                         folder = stream_folders.get(shard)
                         if folder is not None and folder.add(key, r.value, r.timestamp, r.id):
                             continue
@@ -272,8 +291,7 @@ def _records(store: IntervalStore, name: str, stream: str, producer: str, after:
     """The records of ``producer`` on ``stream`` in batches (after, upto]; a segment that cannot be
     decoded stops the worker with an error that names it (retrying could never get past it)."""
     try:
-        for _, record in store.read_segments(stream, producer, after, upto):
-            yield record
+        yield from store.read_segments(stream, producer, after, upto)
     except Exception as exc:
         raise BadInputError(
             f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} in its "
@@ -281,6 +299,11 @@ def _records(store: IntervalStore, name: str, stream: str, producer: str, after:
             hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
             "a value this worker cannot unpickle: install on the workers the modules its classes come from"
         ) from None
+
+
+def _taken(fences: tuple[Fence, ...], key: str, producer: str, batch: int) -> bool:
+    """Whether an interval of an earlier layout already took this record for its key."""
+    return any(batch <= at.get(shard_of(key, n), {}).get(producer, 0) for n, at in fences)
 
 
 def _rejection(name: str, extractor: KeyExtractor, stream: str, record: Any, cause: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
 from ..errors import FencedWriterError, OptionError, UserCodeError
@@ -26,7 +26,7 @@ from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
 from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
-from ..store import open_store
+from ..store import Store, open_store
 from ..topology import Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector
@@ -53,10 +53,24 @@ def continuous_producers(topology: Topology, stream: str) -> list[str]:
     return names
 
 
-def plans_of(topology: Topology) -> list[IntervalPlan]:
+def retired_producers(store: Store, topology: Topology) -> dict[str, tuple[str, ...]]:
+    """Per stream: the intervals that wrote it under a computation's earlier, larger layout
+    (``C/<i>`` with ``i`` past its shard count now); consumers still read them to their end."""
+    out: dict[str, tuple[str, ...]] = {}
+    for stream in topology.streams():
+        current = set(continuous_producers(topology, stream))
+        parts = {f"{spec.name}/" for spec in topology.computations.values() if stream in spec.outputs}
+        out[stream] = tuple(p for p in store.stream_producers(stream)
+                            if p not in current and p[:p.rfind("/") + 1] in parts and p[p.rfind("/") + 1:].isdigit())
+    return out
+
+
+def plans_of(topology: Topology, retired: Mapping[str, tuple[str, ...]] | None = None) -> list[IntervalPlan]:
+    retired = retired or {}
     return [IntervalPlan(spec.name, spec.cls, spec.options, frozenset(spec.outputs), dict(spec.inputs),
-                         {s: tuple(continuous_producers(topology, s)) for s in spec.inputs},
-                         topology.dedup_streams(spec.name), topology.checked_schemas(spec.name))
+                         {s: tuple(continuous_producers(topology, s)) + retired.get(s, ()) for s in spec.inputs},
+                         topology.dedup_streams(spec.name), topology.checked_schemas(spec.name),
+                         frozenset(p for s in spec.inputs for p in retired.get(s, ())))
             for spec in topology.computations.values()]
 
 
@@ -129,6 +143,7 @@ class ContinuousRunner:
         self.watcher: Watcher | None = None
         self._job: threading.Thread | None = None
         self._marks: dict[str, tuple[int, int]] = {}
+        self.retired: dict[str, tuple[str, ...]] = {}
         self._started = 0.0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -144,6 +159,7 @@ class ContinuousRunner:
         self.store.put_meta(*self.driver)  # the newest driver of a topology is its only one; older ones stop
         for spec in self.topology.computations.values():
             self.store.register(spec.name, spec.options.shards)
+        self.retired = retired_producers(self.store, self.topology)
         for stream in sorted(self.topology.streams()):
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
@@ -187,6 +203,7 @@ class ContinuousRunner:
         spec = self.topology.computation(name)
         self.removed.discard(name)
         self.store.register(spec.name, spec.options.shards)
+        self.retired = retired_producers(self.store, self.topology)
         for stream in spec.outputs:
             for producer in continuous_producers(self.topology, stream):
                 self.store.declare_stream(stream, producer)
@@ -247,7 +264,7 @@ class ContinuousRunner:
 
     def _run_job(self) -> None:
         sc = self.spark.sparkContext
-        plans = [p for p in plans_of(self.topology) if p.name not in self.removed]
+        plans = [p for p in plans_of(self.topology, self.retired) if p.name not in self.removed]
         run_id = self.run_id
         failures: list[float] = []
         while not self._stopping.is_set() and run_id == self.run_id:

@@ -17,9 +17,10 @@ from .base import COMMIT_STEPS
 
 __all__ = ["failpoint_from_env", "STEPS"]
 
-# The commit steps, and ``stream_read``: inside a read task of a stream's DataFrame view, after each
-# segment it hands on (when a sink writes the stream, that task is the sink's write).
-STEPS = (*COMMIT_STEPS, "stream_read")
+# The commit steps; ``stream_read``: inside a read task of a stream's DataFrame view, after each
+# segment it hands on (when a sink writes the stream, that task is the sink's write); and
+# ``rescale``: inside the transaction that re-partitions a computation's keys (store/rescale.py).
+STEPS = (*COMMIT_STEPS, "stream_read", "rescale")
 
 
 def failpoint_from_env(value: str | None = None) -> Callable[[str], None] | None:

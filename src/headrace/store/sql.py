@@ -18,6 +18,7 @@ from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
 from .base import Failpoint
 from .monitoring import MonitorQueries
+from .rescale import fences_of, rescale
 from .segments import encode_segment, segment_rows
 
 __all__ = ["SQLStore"]
@@ -87,16 +88,18 @@ class SQLStore(MonitorQueries):
 
     # -- writers --------------------------------------------------------------------------------
     def register(self, computation: str, shards: int) -> None:
+        """Create ``computation`` with ``shards`` key shards, or, if it has another count, re-partition
+        its keys to ``shards`` in this one transaction (``store/rescale.py``)."""
+        if type(shards) is not int or shards < 1 or shards >= WEAK_SLOT:
+            raise StoreError(f"Computation {computation!r} needs a whole number of shards from 1 to {WEAK_SLOT - 1}",
+                             got=shards, hint="pass shards=N with N >= 1, e.g. shards=4")
         with self._transaction():
             self._x("INSERT INTO computations(name, shards) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
                     (computation, shards))
-            row = self._one("SELECT shards FROM computations WHERE name = ?", (computation,))
+            row = self._one(f"SELECT shards FROM computations WHERE name = ?{self.FOR_UPDATE}", (computation,))
             if row[0] != shards:
-                raise StoreError(
-                    f"Computation {computation!r} was created with {row[0]} shards in {self.shown_url}",
-                    got=shards,
-                    hint=f"keep shards={row[0]}, or give the changed computation a new name",
-                )
+                rescale(self, computation, int(row[0]), shards)
+                return
             self._xmany("INSERT INTO shards(computation, shard, version, input_watermark, output_watermark) "
                         "VALUES (?, ?, 0, ?, ?) ON CONFLICT(computation, shard) DO NOTHING",
                         [(computation, s, BEGINNING_OF_TIME, BEGINNING_OF_TIME) for s in range(shards)])
@@ -140,7 +143,9 @@ class SQLStore(MonitorQueries):
                     (sequencer, owner, lease_until, computation, shard))
             positions = {p: int(b) for p, b in self._all(
                 "SELECT producer, batch FROM positions WHERE computation = ? AND shard = ?", (computation, shard))}
-        return IntervalClaim(sequencer, int(row[2]), int(row[3]), positions)
+            shards = int(self._one("SELECT shards FROM computations WHERE name = ?", (computation,))[0])
+            fences = fences_of(self, computation)
+        return IntervalClaim(sequencer, int(row[2]), int(row[3]), positions, shards, fences)
 
     def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
                         lease_until: int) -> set[int]:

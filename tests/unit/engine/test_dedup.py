@@ -70,7 +70,7 @@ class FakeShardIds:
 def test_the_exact_lookup_is_asked_only_about_maybe_ids() -> None:
     store = FakeShardIds(f"old-{i}" for i in range(100))
     index = store.index()
-    index.ensure(1)
+    index.ensure(1, 1)
 
     new = [f"new-{i}" for i in range(1_000)]
     assert index.seen(new) == set()
@@ -84,24 +84,36 @@ def test_the_exact_lookup_is_asked_only_about_maybe_ids() -> None:
 def test_ensure_rebuilds_only_when_the_version_changes() -> None:
     store = FakeShardIds(["a"])
     index = store.index()
-    index.ensure(3)
-    index.ensure(3)
+    index.ensure(3, 1)
+    index.ensure(3, 1)
     assert store.loads == 1
 
     store.ids.add("b")  # another process committed version 4 with id "b"
-    index.ensure(4)
+    index.ensure(4, 1)
     assert store.loads == 2
     assert index.seen(["b"]) == {"b"}
+
+
+def test_ensure_rebuilds_under_a_new_writer_at_the_same_version() -> None:
+    """A re-partition of the keys moves ids into a shard at an unchanged version, and always brings
+    a new writer: a filter built under the old one would call a moved id certainly new."""
+    store = FakeShardIds(["a"])
+    index = store.index()
+    index.ensure(5, 1)
+    store.ids.add("moved")
+    index.ensure(5, 2)
+    assert store.loads == 2
+    assert index.seen(["moved"]) == {"moved"}
 
 
 def test_committed_keeps_the_index_in_step_without_a_reload() -> None:
     store = FakeShardIds(["a"])
     index = store.index()
-    index.ensure(1)
+    index.ensure(1, 1)
 
     store.ids.update(["x", "y"])  # what this shard's own commit of version 2 wrote
     index.committed(2, iter(["x", "y"]))
-    index.ensure(2)
+    index.ensure(2, 1)
     assert store.loads == 1
     assert index.version == 2
     assert index.seen(["x", "y", "z"]) == {"x", "y"}
@@ -110,11 +122,11 @@ def test_committed_keeps_the_index_in_step_without_a_reload() -> None:
 def test_a_saturated_index_is_rebuilt_bigger_at_the_same_version() -> None:
     store = FakeShardIds()
     index = store.index()
-    index.ensure(1)
+    index.ensure(1, 1)
     many = [f"id-{i}" for i in range(100_001)]  # one more than the smallest filter holds
     store.ids.update(many)
     index.committed(2, many)
-    index.ensure(2)
+    index.ensure(2, 1)
     assert store.loads == 2
 
 
@@ -126,5 +138,5 @@ def test_using_the_index_before_ensure_says_what_to_call_first(call: Callable[[D
                                                                 name: str) -> None:
     index = FakeShardIds().index()
     with pytest.raises(RuntimeError, match="^" + re.escape(
-            f"DedupIndex.{name} was called before ensure(version): call ensure(version) first") + "$"):
+            f"DedupIndex.{name} was called before ensure(version, writer): call ensure(version, writer) first") + "$"):
         call(index)

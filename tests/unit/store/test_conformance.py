@@ -73,15 +73,6 @@ def test_register_creates_shards_at_version_zero_and_is_idempotent(store: Any) -
     assert store.sequencer(C) == 0
 
 
-def test_register_with_another_shard_count_is_refused(store: Any) -> None:
-    store.register(C, 3)
-    expected = (f"Computation 'counter' was created with 3 shards in {store.url} (got 4). "
-                "Hint: keep shards=3, or give the changed computation a new name")
-    with pytest.raises(StoreError, match=f"^{re.escape(expected)}$"):
-        store.register(C, 4)
-    assert store.shard_versions(C) == {0: 0, 1: 0, 2: 0}
-
-
 def test_acquire_writer_increments_the_sequencer_for_every_store_object(store: Any, reopen: Any) -> None:
     store.register(C, 1)
     assert store.acquire_writer(C) == 1
