@@ -112,15 +112,11 @@ class Worker:
                 for shard in set(owned) - kept:
                     del owned[shard]
             patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
-            for shard in range(plan.options.shards):
-                if shard in owned:
-                    continue
-                if not (self._prefers(plan.name, shard) or patient):
-                    continue
-                claim = self.store.claim_interval(plan.name, shard, self.owner, now, until)
-                if claim is not None:
-                    positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
-                    owned[shard] = OwnedInterval(shard, claim, positions)
+            wanted = [s for s in range(plan.options.shards)
+                      if s not in owned and (patient or self._prefers(plan.name, s))]
+            for shard, claim in self.store.claim_intervals(plan.name, wanted, self.owner, now, until).items():
+                positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
+                owned[shard] = OwnedInterval(shard, claim, positions)
         self._leases_checked = now
 
     def release_all(self) -> None:

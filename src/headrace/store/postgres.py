@@ -67,7 +67,7 @@ class PostgresStore(SQLStore):
     def _in_transaction(self) -> bool:
         return self._db.info.transaction_status != self._idle
 
-    def _in_list(self, column: str, values: list[str]) -> tuple[str, Any]:
+    def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
         return f"{column} = ANY(?)", list(values)
 
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
