@@ -57,11 +57,11 @@ class IntervalQueries:
                 raise StoreError(f"Shard {missing[0]} of {computation!r} does not exist in {self.shown_url}",
                                  got=missing[0], hint="register the computation with enough shards first")
             taken = {int(s): (int(v), int(w)) for s, o, u, v, w in rows if o is None or o == owner or u < now}
-            self._xmany("UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? AND shard = ?",
-                        [(sequencer, owner, lease_until, computation, s) for s in sorted(taken)])
             positions: dict[int, dict[str, int]] = {s: {} for s in taken}
             if taken:
                 condition, param = self._in_list("shard", sorted(taken))
+                self._x(f"UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? "
+                        f"AND {condition}", (sequencer, owner, lease_until, computation, param))
                 for s, p, b in self._all(f"SELECT shard, producer, batch FROM positions WHERE computation = ? "
                                          f"AND {condition}", (computation, param)):
                     positions[int(s)][str(p)] = int(b)
