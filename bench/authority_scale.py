@@ -9,7 +9,8 @@ Every step is headrace's own code on a real store, with N intervals registered:
 
 - start: ``register`` the computation, declare the bus producers (the injector and every
   interval ``C/<i>``), one worker's first ``maintain_leases`` (claims every interval) and its next
-  one (renews them), and the micro-batch runner's ``acquire_writer`` (fences every shard);
+  one (renews them), and the micro-batch runner's ``acquire_writer`` (fences every shard); at the
+  end, the worker's ``release_all`` (it stops and frees every lease);
 - one worker pass after the injector publishes one batch: every interval it owns commits (its
   positions moved), in one transaction;
 - one watermark-authority round (``ContinuousRunner.refresh_watermarks``): every interval's
@@ -124,6 +125,7 @@ def measure(url: str, n: int, repeat: int) -> dict[str, float]:
     out["micro-batch shard commit, 5 records"] = median_of(repeat, lambda r: shard_commit(store, micro_seq, r))
     out["micro-batch finish_batch"] = median_of(
         repeat, lambda r: finish_batch(store, MICRO, r + 1, 1_000 + r, BEGINNING_OF_TIME, micro_seq))
+    out["release every lease (worker stops)"] = timed(worker.release_all)
     store.close()
     return out
 

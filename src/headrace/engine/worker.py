@@ -121,8 +121,9 @@ class Worker:
 
     def release_all(self) -> None:
         for plan in self.plans:
-            for shard, o in self.owned[plan.name].items():
-                self.store.release_interval(plan.name, shard, o.claim.sequencer)
+            owned = self.owned[plan.name]
+            if owned:
+                self.store.release_intervals(plan.name, {s: o.claim.sequencer for s, o in owned.items()})
             self.owned[plan.name].clear()
 
     # -- the loop ---------------------------------------------------------------------------------

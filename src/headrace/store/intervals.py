@@ -70,21 +70,28 @@ class IntervalQueries:
     def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
                         lease_until: int) -> set[int]:
         """Extend the leases still held under these sequencers; returns the intervals kept."""
-        by_sequencer: dict[int, list[int]] = {}
-        for shard, sequencer in sequencers.items():
-            by_sequencer.setdefault(sequencer, []).append(shard)
         kept: set[int] = set()
         with self._transaction():
-            for sequencer, shards in sorted(by_sequencer.items()):  # one statement per claim round
-                condition, param = self._in_list("shard", sorted(shards))
+            for sequencer, condition, param in self._by_sequencer(sequencers):
                 kept.update(int(r[0]) for r in self._all(
                     f"UPDATE shards SET lease_until = ? WHERE computation = ? AND sequencer = ? AND owner = ? "
                     f"AND {condition} RETURNING shard", (lease_until, computation, sequencer, owner, param)))
         return kept
 
-    def release_interval(self, computation: str, shard: int, sequencer: int) -> None:
-        self._x("UPDATE shards SET owner = NULL, lease_until = 0 WHERE computation = ? AND shard = ? AND sequencer = ?",
-                (computation, shard, sequencer))
+    def release_intervals(self, computation: str, sequencers: dict[int, int]) -> None:
+        """Free the intervals still held under these sequencers (a worker on its way out)."""
+        with self._transaction():
+            for sequencer, condition, param in self._by_sequencer(sequencers):
+                self._x(f"UPDATE shards SET owner = NULL, lease_until = 0 WHERE computation = ? AND sequencer = ? "
+                        f"AND {condition}", (computation, sequencer, param))
+
+    def _by_sequencer(self, sequencers: dict[int, int]) -> list[tuple[int, str, Any]]:
+        """Shards grouped by the sequencer they were claimed under, each group as an IN-list
+        condition: one statement per claim round rather than one per interval."""
+        groups: dict[int, list[int]] = {}
+        for shard, sequencer in sequencers.items():
+            groups.setdefault(sequencer, []).append(shard)
+        return [(sequencer, *self._in_list("shard", sorted(shards))) for sequencer, shards in sorted(groups.items())]
 
     def start_interval_at(self, computation: str, shard: int, positions: dict[str, int]) -> None:
         """Where a new interval starts reading (``start="now"`` or a time); refused once it committed."""

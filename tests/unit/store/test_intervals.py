@@ -43,6 +43,13 @@ def test_claims_take_only_the_intervals_without_a_live_lease_under_one_new_seque
     # an owner renews intervals taken in different claims (two sequencers) at once
     assert store.renew_intervals(C, {3: second[3].sequencer, 1: third[1].sequencer}, "b", 4_000) == {1, 3}
 
+    # a's release frees only what it still holds (not 1, b's now); b's frees both its claims' intervals
+    store.release_intervals(C, {s: c.sequencer for s, c in first.items()})
+    owners = store.interval_owners(C)
+    assert (owners[0][:2], owners[2][:2], owners[1][:2]) == ((None, 0), (None, 0), ("b", 4_000))
+    store.release_intervals(C, {3: second[3].sequencer, 1: third[1].sequencer})
+    assert {o[:2] for o in store.interval_owners(C).values()} == {(None, 0)}
+
 
 def test_a_claim_of_intervals_all_held_writes_nothing(registered: Any) -> None:
     store = registered
