@@ -120,13 +120,16 @@ class IntervalStore(ShardStore, Bus, Journal, Protocol):
     """Leases on key intervals (MillWheel §7.1: each interval is owned by one process, and its writes carry a sequencer, §6.2): each has one owner at a time, and taking one
     renews its sequencer, so the previous owner's commits are refused from then on."""
 
-    def claim_interval(self, computation: str, shard: int, owner: str, now: int,
-                       lease_until: int) -> IntervalClaim | None: ...
+    def claim_intervals(self, computation: str, shards: list[int], owner: str, now: int,
+                        lease_until: int) -> dict[int, IntervalClaim]:
+        """Take those of ``shards`` nobody else holds a live lease on (one new sequencer fences
+        every earlier owner of each); the ones taken, with where their committed state stands."""
+        ...
 
     def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
                         lease_until: int) -> set[int]: ...
 
-    def release_interval(self, computation: str, shard: int, sequencer: int) -> None: ...
+    def release_intervals(self, computation: str, sequencers: dict[int, int]) -> None: ...
 
     def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
         """Several intervals' outcomes in one transaction; a refused one (fenced, stale) is left out

@@ -116,32 +116,31 @@ class Worker:
                 for shard in set(owned) - kept:
                     del owned[shard]
             patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
-            for shard in range(plan.options.shards):
-                if shard in owned:
-                    continue
-                if not (self._prefers(plan.name, shard) or patient):
-                    continue
-                claim = self.store.claim_interval(plan.name, shard, self.owner, now, until)
-                if claim is not None:
-                    self._check_layout(plan, shard, claim)
-                    self.fences[plan.name] = claim.fences
-                    positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
-                    owned[shard] = OwnedInterval(shard, claim, positions)
+            wanted = [s for s in range(plan.options.shards)
+                      if s not in owned and (patient or self._prefers(plan.name, s))]
+            claims = self.store.claim_intervals(plan.name, wanted, self.owner, now, until)
+            self._check_layout(plan, claims)
+            for shard, claim in claims.items():
+                self.fences[plan.name] = claim.fences
+                positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
+                owned[shard] = OwnedInterval(shard, claim, positions)
         self._leases_checked = now
 
-    def _check_layout(self, plan: IntervalPlan, shard: int, claim: IntervalClaim) -> None:
-        if claim.shards == plan.options.shards:
+    def _check_layout(self, plan: IntervalPlan, claims: dict[int, IntervalClaim]) -> None:
+        stale = next((c.shards for c in claims.values() if c.shards != plan.options.shards), None)
+        if stale is None:
             return
-        self.store.release_interval(plan.name, shard, claim.sequencer)
+        self.store.release_intervals(plan.name, {s: c.sequencer for s, c in claims.items()})
         raise FencedWriterError(
             f"Worker {self.owner} runs {plan.name!r} with {plan.options.shards} key intervals, but the store has "
-            f"{claim.shards}", got=plan.options.shards,
+            f"{stale}", got=plan.options.shards,
             hint="the computation was rescaled by a newer driver; this worker belongs to an older one and stops")
 
     def release_all(self) -> None:
         for plan in self.plans:
-            for shard, o in self.owned[plan.name].items():
-                self.store.release_interval(plan.name, shard, o.claim.sequencer)
+            owned = self.owned[plan.name]
+            if owned:
+                self.store.release_intervals(plan.name, {s: o.claim.sequencer for s, o in owned.items()})
             self.owned[plan.name].clear()
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -161,8 +161,7 @@ class ContinuousRunner:
             self.store.register(spec.name, spec.options.shards)
         self.retired = retired_producers(self.store, self.topology)
         for stream in sorted(self.topology.streams()):
-            for producer in continuous_producers(self.topology, stream):
-                self.store.declare_stream(stream, producer)
+            self.store.declare_stream(stream, *continuous_producers(self.topology, stream))
         self._record_topology()
         declare_schemas(self.store, self.topology.schemas)
         self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
@@ -205,8 +204,7 @@ class ContinuousRunner:
         self.store.register(spec.name, spec.options.shards)
         self.retired = retired_producers(self.store, self.topology)
         for stream in spec.outputs:
-            for producer in continuous_producers(self.topology, stream):
-                self.store.declare_stream(stream, producer)
+            self.store.declare_stream(stream, *continuous_producers(self.topology, stream))
         if start != "beginning":
             producers = sorted({p for s in spec.inputs for p in continuous_producers(self.topology, s)})
             heads = self.store.latest_batches(producers) if start == "now" else {
@@ -324,11 +322,7 @@ class ContinuousRunner:
         for spec in self.topology.computations.values():
             if spec.name in self.removed:
                 continue
-            parts = self._parts(spec.name)
-            heads = store.latest_batches(parts)
-            infos = [store.batch_info(p, heads[p]) if p in heads else None for p in parts]
-            inp = min((i.input_watermark if i else BEGINNING_OF_TIME) for i in infos)
-            out = min((i.output_watermark if i else BEGINNING_OF_TIME) for i in infos)
+            inp, out = store.low_watermarks(self._parts(spec.name))
             if self._marks.get(spec.name) != (inp, out):
                 last = store.latest_batch(spec.name)
                 store.complete_batch(spec.name, (last.batch if last else 0) + 1, inp, out)

@@ -181,8 +181,7 @@ class SparkRunner:
             claim_mode(opened, topology.name, "microbatch")
             self.checkpoint_root = checkpoint_root(opened, topology.name, checkpoint_dir)
             for stream in sorted(topology.streams()):
-                for producer in topology.producers(stream):
-                    opened.declare_stream(stream, producer)
+                opened.declare_stream(stream, *topology.producers(stream))
             self._record_topology(opened)
             declare_schemas(opened, topology.schemas)
         finally:

@@ -67,7 +67,11 @@ class PostgresStore(SQLStore):
     def _in_transaction(self) -> bool:
         return self._db.info.transaction_status != self._idle
 
-    def _in_list(self, column: str, values: list[str]) -> tuple[str, Any]:
+    def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
+        if values and all(isinstance(v, int) for v in values):
+            # psycopg sends small ints as integer[]; bigint = ANY(integer[]) cannot be hashed, so a filter
+            # tests each row against the whole array (100,000 intervals: 12 s instead of 0.1 s)
+            return f"{column} = ANY(?::bigint[])", list(values)
         return f"{column} = ANY(?)", list(values)
 
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:

@@ -47,7 +47,7 @@ class SQLiteStore(SQLStore):
     def _in_transaction(self) -> bool:
         return self._db.in_transaction
 
-    def _in_list(self, column: str, values: list[str]) -> tuple[str, Any]:
+    def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
         return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(values)
 
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:

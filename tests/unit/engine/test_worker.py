@@ -56,8 +56,7 @@ def store(tmp_path: Path) -> Any:
     t = topology()
     db.register("CountWords", SHARDS)
     for stream in t.streams():
-        for producer in continuous_producers(t, stream):
-            db.declare_stream(stream, producer)
+        db.declare_stream(stream, *continuous_producers(t, stream))
     yield db
     db.close()
 

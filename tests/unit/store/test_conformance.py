@@ -218,8 +218,7 @@ def test_commits_made_together_are_each_written_whole_or_refused_alone(store: An
     assert [(b.batch, b.output_watermark) for b in store.batches(f"{C}/1")] == [(1, 5)]
 
     # a newer owner took shard 1: the old owner's commit of it is refused, its commit of shard 0 is not
-    claim = store.claim_interval(C, 1, "newer", 0, 10**15)
-    assert claim is not None
+    claim = store.claim_intervals(C, [1], "newer", 0, 10**15)[1]
     failures = store.commit_shards([make_commit(2, 1, writer, state_writes=[("a", b"second")]),
                                     make_commit(2, 1, writer, shard=1, state_writes=[("b", b"zombie")])])
     assert failures[0] is None and isinstance(failures[1], FencedWriterError)

@@ -217,7 +217,7 @@ def interval_commit(store: Any, shard: int, claim: Any, position: int, watermark
 
 
 def claim_all(store: Any, shards: int) -> dict[int, Any]:
-    return {s: store.claim_interval(C, s, "worker", 0, 1 << 40) for s in range(shards)}
+    return store.claim_intervals(C, list(range(shards)), "worker", 0, 1 << 40)  # type: ignore[no-any-return]
 
 
 def test_continuous_intervals_restart_at_the_slowest_position_behind_a_fence(store_url: str) -> None:

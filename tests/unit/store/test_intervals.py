@@ -1,0 +1,82 @@
+"""store/intervals.py on both stores: continuous mode's leases taken and renewed for many intervals
+at once, and the watermark authority's one-query read (docs/architecture.md §4.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
+
+C = "counter"
+
+
+@pytest.fixture
+def registered(store: Any) -> Any:
+    store.register(C, 4)
+    return store
+
+
+def test_claims_take_only_the_intervals_without_a_live_lease_under_one_new_sequencer(registered: Any) -> None:
+    store = registered
+    store.start_interval_at(C, 1, {"inject:in": 3})
+    first = store.claim_intervals(C, [2, 0, 1], "a", 100, 1_000)
+    assert sorted(first) == [0, 1, 2]
+    assert {c.sequencer for c in first.values()} == {store.sequencer(C)}
+    assert (first[1].version, first[1].input_watermark, first[1].positions) == (0, BEGINNING_OF_TIME, {"inject:in": 3})
+    assert first[0].positions == {}
+
+    second = store.claim_intervals(C, [1, 2, 3], "b", 500, 1_500)  # 1 and 2 are a's until 1,000
+    assert list(second) == [3] and second[3].sequencer == first[0].sequencer + 1
+    assert store.interval_owners(C) == {0: ("a", 1_000, first[0].sequencer), 1: ("a", 1_000, first[1].sequencer),
+                                        2: ("a", 1_000, first[2].sequencer), 3: ("b", 1_500, second[3].sequencer)}
+
+    # a's leases lapsed: b takes interval 1, and a's renewal keeps only what it still holds
+    third = store.claim_intervals(C, [1], "b", 1_001, 2_000)
+    assert list(third) == [1]
+    assert store.renew_intervals(C, {s: c.sequencer for s, c in first.items()}, "a", 3_000) == {0, 2}
+    assert store.interval_owners(C)[0] == ("a", 3_000, first[0].sequencer)
+    assert store.interval_owners(C)[1] == ("b", 2_000, third[1].sequencer)
+    # an owner renews intervals taken in different claims (two sequencers) at once
+    assert store.renew_intervals(C, {3: second[3].sequencer, 1: third[1].sequencer}, "b", 4_000) == {1, 3}
+
+    # a's release frees only what it still holds (not 1, b's now); b's frees both its claims' intervals
+    store.release_intervals(C, {s: c.sequencer for s, c in first.items()})
+    owners = store.interval_owners(C)
+    assert (owners[0][:2], owners[2][:2], owners[1][:2]) == ((None, 0), (None, 0), ("b", 4_000))
+    store.release_intervals(C, {3: second[3].sequencer, 1: third[1].sequencer})
+    assert {o[:2] for o in store.interval_owners(C).values()} == {(None, 0)}
+
+
+def test_a_claim_of_intervals_all_held_writes_nothing(registered: Any) -> None:
+    store = registered
+    store.claim_intervals(C, [0, 1, 2, 3], "a", 100, 1_000)
+    before = (store.sequencer(C), store.interval_owners(C))
+    assert store.claim_intervals(C, [0, 3], "b", 999, 2_000) == {}
+    assert store.claim_intervals(C, [], "b", 999, 2_000) == {}
+    assert (store.sequencer(C), store.interval_owners(C)) == before
+
+
+def test_a_claim_beyond_the_intervals_takes_those_that_exist_and_tells_the_count(registered: Any) -> None:
+    # a worker planned for an older, larger layout: its claims carry the store's count, which it checks
+    claims = registered.claim_intervals(C, [2, 7, 9], "a", 100, 1_000)
+    assert list(claims) == [2] and claims[2].shards == 4
+    assert registered.claim_intervals("unknown", [0], "a", 100, 1_000) == {}  # nothing registered, nothing taken
+
+
+def test_low_watermarks_are_the_minimum_of_each_producers_latest_journal_row(store: Any) -> None:
+    assert store.low_watermarks([]) == (END_OF_TIME, END_OF_TIME)
+    store.complete_batch("C/0", 1, 10, 5)
+    store.complete_batch("C/0", 2, 40, 30)  # only the latest row counts
+    store.complete_batch("C/1", 1, 20, 50)
+    assert store.low_watermarks(["C/0", "C/1", "C/0"]) == (20, 30)
+    assert store.low_watermarks(["C/1"]) == (20, 50)
+    # an interval that never committed holds the computation at the beginning of time
+    assert store.low_watermarks(["C/0", "C/1", "C/2"]) == (BEGINNING_OF_TIME, BEGINNING_OF_TIME)
+
+
+def test_a_stream_is_declared_with_all_its_producers_at_once(store: Any) -> None:
+    store.declare_stream("out", *[f"C/{i}" for i in range(3)])
+    store.declare_stream("out", "C/2", "inject:out")  # again: nothing doubles
+    assert store.stream_producers("out") == ["C/0", "C/1", "C/2", "inject:out"]
