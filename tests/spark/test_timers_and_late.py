@@ -5,6 +5,7 @@ import time
 from typing import Any, Iterator
 
 from headrace import Computation, Topology, injectors, key_by, read, run, watermarks
+from headrace.spark.continuous import JOB_GROUP
 from headrace.store import open_store
 
 from .conftest import start_runner
@@ -128,11 +129,14 @@ def test_a_computation_added_from_now_sees_exactly_what_is_published_after_it_st
             assert time.time() < deadline, "the first events were never published"
             time.sleep(0.05)
         t.add(Echo, name="FromNow", inputs={"searches": key_by(lambda v: "now")}, outputs=["seen_now"], late="deliver")
+        jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP))
         runner.add("FromNow", start="now")  # returns once FromNow has taken its starting point
         started.set()
         runner.wait(timeout_s=300)
         runner.remove("FromNow")  # removing one computation leaves the others running
         assert runner.running("FromStart") and not runner.running("FromNow")
+        if mode == "continuous":  # each change ends the workers' job and submits one new job, no more
+            assert len(spark.sparkContext.statusTracker().getJobIdsForGroup(JOB_GROUP)) - jobs_before <= 2
     finally:
         started.set()
         runner.stop()

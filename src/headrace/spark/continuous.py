@@ -244,9 +244,9 @@ class ContinuousRunner:
     def _restart_job(self) -> None:
         if self._job is None:
             return
-        self.store.put_meta(f"stop:{self.run_id}", "1")
+        old, self.run_id = self.run_id, uuid.uuid4().hex[:12]  # first: the old job's loop ends, not resubmits
+        self.store.put_meta(f"stop:{old}", "1")
         self._job.join(timeout=30)
-        self.run_id = uuid.uuid4().hex[:12]
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
 
