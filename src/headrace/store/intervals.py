@@ -41,8 +41,10 @@ class IntervalQueries:
         sequencer that fences every earlier owner of each. Returns where each taken interval's
         committed state stands; the others are left out."""
         count_row = self._one("SELECT shards FROM computations WHERE name = ?", (computation,))
-        if count_row is not None:  # a worker of an older, larger layout: the claims it gets tell it so
-            shards = [s for s in shards if s < int(count_row[0])]
+        if count_row is None:
+            return {}
+        # a worker of an older, larger layout asks for more: the claims it gets carry the count it checks
+        shards = [s for s in shards if s < int(count_row[0])]
         if not shards:
             return {}
         condition, param = self._in_list("shard", sorted(set(shards)))
@@ -61,14 +63,16 @@ class IntervalQueries:
                 raise StoreError(f"Shard {missing[0]} of {computation!r} does not exist in {self.shown_url}",
                                  got=missing[0], hint="register the computation with enough shards first")
             taken = {int(s): (int(v), int(w)) for s, o, u, v, w in rows if o is None or o == owner or u < now}
+            if not taken:
+                return {}
             positions: dict[int, dict[str, int]] = {s: {} for s in taken}
-            if taken:
-                condition, param = self._in_list("shard", sorted(taken))
-                self._x(f"UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? "
-                        f"AND {condition}", (sequencer, owner, lease_until, computation, param))
-                for s, p, b in self._all(f"SELECT shard, producer, batch FROM positions WHERE computation = ? "
-                                         f"AND {condition}", (computation, param)):
-                    positions[int(s)][str(p)] = int(b)
+            condition, param = self._in_list("shard", sorted(taken))
+            self._x(f"UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? "
+                    f"AND {condition}", (sequencer, owner, lease_until, computation, param))
+            for s, p, b in self._all(f"SELECT shard, producer, batch FROM positions WHERE computation = ? "
+                                     f"AND {condition}", (computation, param)):
+                positions[int(s)][str(p)] = int(b)
+            # read again under the computation's lock, which a rescaling takes too
             count = int(self._one("SELECT shards FROM computations WHERE name = ?", (computation,))[0])
             fences = fences_of(self, computation)
         return {s: IntervalClaim(sequencer, v, w, positions[s], count, fences) for s, (v, w) in taken.items()}
