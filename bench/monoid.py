@@ -144,7 +144,7 @@ def run_variant(spark: Any, cls: type[Computation], data: list[dict[str, Any]], 
     start = time.perf_counter()
     run(t, store=url, spark=spark, progress=None, mode=mode, **({"trigger_ms": 50} if mode == "microbatch" else {}))
     elapsed = time.perf_counter() - start
-    out = read("out", url)
+    out = list(read("out", url))
     return elapsed, {(r.value["key"], r.value["end"]): r.value["value"] for r in out}, len(out)
 
 

@@ -147,11 +147,12 @@ MONOID_HOOKS = ("zero", "lift", "combine", "emit")
 class KeyExtractor:
     """Turns a record's value into the consumer's key (always a ``str``)."""
 
-    __slots__ = ("description", "_fn")
+    __slots__ = ("description", "_fn", "_field")
 
-    def __init__(self, fn: Callable[[Any], Any], description: str):
+    def __init__(self, fn: Callable[[Any], Any], description: str, field: str | None = None):
         self._fn = fn
         self.description = description
+        self._field = field  # key_by("field"): ``many`` reads the field directly
 
     def __call__(self, value: Any) -> str:
         key = self._fn(value)
@@ -162,6 +163,16 @@ class KeyExtractor:
                 hint="convert it in the extractor, e.g. key_by(lambda v: str(v['user_id']))",
             )
         return key
+
+    def many(self, values: list[Any]) -> list[str] | None:
+        """The keys of many values at once; None if any has no key (call it one value at a time
+        to learn which and why)."""
+        try:
+            keys = [v[self._field] for v in values] if self._field is not None else list(map(self._fn, values))
+        except Exception:
+            return None
+        str_ = str
+        return keys if all(type(k) is str_ for k in keys) else None
 
     def __repr__(self) -> str:
         return self.description
@@ -182,7 +193,7 @@ def key_by(field_or_callable: str | Callable[[Any], Any]) -> KeyExtractor:
                     hint="check the field name, or pass a function: key_by(lambda v: ...)",
                 ) from None
 
-        return KeyExtractor(by_field, f"key_by({field!r})")
+        return KeyExtractor(by_field, f"key_by({field!r})", field)
     if callable(field_or_callable):
         name = getattr(field_or_callable, "__qualname__", repr(field_or_callable))
         return KeyExtractor(field_or_callable, f"key_by({name})")

@@ -253,3 +253,14 @@ def test_a_watermark_percentile_must_name_an_input_and_lie_in_0_to_100() -> None
         topology().add(Echo, inputs={"words": key_by("w")}, watermark_percentile={"wrods": 99})
     spec = topology().add(Echo, inputs={"words": key_by("w")}, watermark_percentile={"words": 99})
     assert spec.options.percentile("words") == 99.0
+
+
+@pytest.mark.parametrize("extractor", [key_by("w"), key_by(lambda v: v["w"])], ids=["field", "callable"])
+def test_keys_of_many_values_at_once_or_none_when_one_has_no_key(extractor: Any) -> None:
+    """``many`` is how readers key a segment; None sends them back to one value at a time, where
+    the culprit's error is raised or dead-lettered."""
+    assert extractor.many([{"w": "a"}, {"w": "b"}, {"w": "a"}]) == ["a", "b", "a"]
+    assert extractor.many([]) == []
+    assert extractor.many([{"w": "a"}, {"x": "b"}]) is None  # a missing field
+    assert extractor.many([{"w": "a"}, {"w": 7}]) is None  # a key that is not a str
+    assert extractor.many([{"w": "a"}, None]) is None  # a value that is not a mapping

@@ -11,7 +11,7 @@ rows. Every ``COMPACT_EVERY``-th batch of a shard also folds each window's delta
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import UserCodeError
 from ..model import END_OF_TIME, ComputationOptions, MonoidComputation, Record, Timer
@@ -51,30 +51,41 @@ class Folder:
         self._window = None if type(monoid).window is MonoidComputation.window else monoid.window
         self.slots: dict[tuple[str, int], list[Any]] = {}  # (key, window) -> [aggregate, records]
 
-    def add(self, key: str, value: Any, timestamp: int, record_id: str) -> bool:
-        """Fold one record in. False when it must travel alone to its shard: it is late there (the
-        shard counts or delivers it), or ``window`` or ``lift`` raised or gave no integer window
-        (the shard raises that as a user error, or dead-letters the record)."""
-        if timestamp < self.before:
-            return False
-        record = Record(key, value, timestamp, record_id)
-        try:
-            window = END_OF_TIME if self._window is None else self._window(record)
-            part = self._lift(record)
-        except Exception:
-            return False
-        if type(window) is not int:
-            return False
-        slot = self.slots.get((key, window))
-        try:
-            if slot is None:
-                self.slots[(key, window)] = [self._combine(self._zero(), part), 1]
-            else:
-                slot[0] = self._combine(slot[0], part)
-                slot[1] += 1
-        except Exception as exc:
-            raise self._combine_failed(key, exc) from exc
-        return True
+    def add_many(self, keys: Sequence[str], values: Sequence[Any], timestamps: Sequence[int], ids: Sequence[str],
+                 rows: Iterable[int]) -> list[int]:
+        """Fold in the records at ``rows`` of these columns; returns the rows that must travel alone
+        to their shard: late there (the shard counts or delivers them), or whose ``window`` or
+        ``lift`` raised or gave no integer window (the shard raises that as a user error, or
+        dead-letters the record). One loop over columns: this is a monoid's per-record cost."""
+        alone: list[int] = []
+        slots, before, window, lift, combine, zero = (self.slots, self.before, self._window, self._lift,
+                                                      self._combine, self._zero)
+        for i in rows:
+            timestamp = timestamps[i]
+            if timestamp < before:
+                alone.append(i)
+                continue
+            key = keys[i]
+            record = Record(key, values[i], timestamp, ids[i])
+            try:
+                at = END_OF_TIME if window is None else window(record)
+                part = lift(record)
+            except Exception:
+                alone.append(i)
+                continue
+            if type(at) is not int:
+                alone.append(i)
+                continue
+            slot = slots.get((key, at))
+            try:
+                if slot is None:
+                    slots[(key, at)] = [combine(zero(), part), 1]
+                else:
+                    slot[0] = combine(slot[0], part)
+                    slot[1] += 1
+            except Exception as exc:
+                raise self._combine_failed(key, exc) from exc
+        return alone
 
     def combine(self, key: str, a: Any, b: Any) -> Any:
         try:
@@ -96,13 +107,14 @@ class Folder:
 def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRecord], watermark_before: int,
                  streams: frozenset[str] | None = None) -> tuple[list[Partial], list[InputRecord]]:
     """Fold ``records`` of ``streams`` (every stream: None) into partials; returns them and the
-    records that travel alone (other streams, late ones, and those ``Folder.add`` refused)."""
+    records that travel alone (other streams, late ones, and those ``Folder.add_many`` refused)."""
     folder = Folder(monoid, name, watermark_before)
-    alone: list[InputRecord] = []
-    for r in records:
-        if (streams is not None and r.stream not in streams) or not folder.add(r.key, r.value, r.timestamp, r.id):
-            alone.append(r)
-    return folder.partials(), alone
+    records = list(records)
+    rows = [i for i, r in enumerate(records) if streams is None or r.stream in streams]
+    refused = folder.add_many([r.key for r in records], [r.value for r in records], [r.timestamp for r in records],
+                              [r.id for r in records], rows)
+    folded = set(rows).difference(refused)
+    return folder.partials(), [r for i, r in enumerate(records) if i not in folded]
 
 
 def process_monoid_shard(

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 from ..errors import StoreError
 from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
 
-__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "IntervalClaim", "Fence"]
+__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "SegmentColumns", "IntervalClaim", "Fence"]
 
 
 class BatchInfo(NamedTuple):
@@ -37,6 +37,15 @@ class StoredRecord(NamedTuple):
     value: Any
     timestamp: int
     id: str
+
+
+class SegmentColumns(NamedTuple):
+    """One segment's records as columns (``StoredRecord``'s fields, one list each, values decoded)."""
+
+    keys: list[str | None]
+    values: list[Any]
+    timestamps: list[int]
+    ids: list[str]
 
 
 class ShardStore(Protocol):
@@ -78,6 +87,11 @@ class Bus(Protocol):
 
     def read_segments(self, stream: str, producer: str, after_batch: int,
                       upto_batch: int) -> Iterator[tuple[int, StoredRecord]]: ...
+
+    def read_segment_columns(self, stream: str, producer: str, after_batch: int,
+                             upto_batch: int) -> Iterator[tuple[int, SegmentColumns]]:
+        """``read_segments`` a segment at a time, as columns: what a reader of many records loops over."""
+        ...
 
     def stream_producers(self, stream: str) -> list[str]: ...
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import pickle
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import pyarrow as pa
 
@@ -77,6 +78,10 @@ def partition_labels(shards: int) -> list[int]:
     return [found[p] for p in range(shards)]
 
 
+# rows to take, their keys and shards, and the rejected ones' dead-letter values by output row
+_Keyed = tuple[list[int], list[Any], list[int], dict[int, bytes]]
+
+
 @dataclass
 class Keying:
     """How one consumer keys its input. Input that cannot be decoded or keyed fails the batch with
@@ -91,6 +96,7 @@ class Keying:
 
     def __post_init__(self) -> None:
         self.labels = partition_labels(self.shards)
+        self._shard_ids: dict[str, int] = {}  # each key's shard, computed once per read task
 
     def folder(self, watermark_before: int) -> Folder | None:
         """A Folder for one read task of a monoid computation; None for any other computation."""
@@ -122,11 +128,56 @@ class Keying:
     def apply(self, rb: pa.RecordBatch, folder: Folder | None = None) -> pa.RecordBatch:
         """Rows of the source (no key yet) -> keyed rows; a control row becomes one per shard. With
         a ``folder``, the records it folds leave no row (``partial_rows`` sends their aggregates)."""
-        loads = pickle.loads
-        fold = folder.add if folder is not None else None
-        stamps = rb.column("timestamp").to_pylist() if fold is not None else []
         kinds = rb.column("kind").to_pylist()
         streams, values, ids = rb.column("stream").to_pylist(), rb.column("value").to_pylist(), rb.column("id").to_pylist()
+        stamps = rb.column("timestamp").to_pylist() if folder is not None else []
+        keyed = (self._key_segment(streams[0], values, ids, stamps, folder)
+                 if kinds and streams[0] is not None and kinds.count(RECORD) == len(kinds) and
+                 streams.count(streams[0]) == len(streams) else None)
+        if keyed is None:
+            keyed = self._key_each(kinds, streams, values, ids, stamps, folder)
+        take, keys, shard_ids, rejected = keyed
+        picked = rb.take(pa.array(take, pa.int64()))
+        columns = {name: picked.column(name) for name in picked.schema.names}
+        columns["key"] = pa.array(keys, pa.string())
+        if rejected:
+            columns["kind"] = pa.array([REJECTED if j in rejected else k
+                                        for j, k in enumerate(columns["kind"].to_pylist())], pa.int8())
+            columns["value"] = pa.array([rejected.get(j, v) for j, v in enumerate(columns["value"].to_pylist())],
+                                        pa.binary())
+        columns["shard"] = pa.array(shard_ids, pa.int32())
+        columns["part"] = pa.array([self.labels[i] for i in shard_ids], pa.int32())
+        return pa.RecordBatch.from_arrays([columns[name] for name in KEYED_SCHEMA.names], schema=KEYED_SCHEMA)
+
+    def _key_segment(self, stream: str, values: list[bytes], ids: list[str], stamps: list[int],
+                     folder: Folder | None) -> _Keyed | None:
+        """Rows of one stream keyed a column at a time; None if some row cannot be decoded or keyed
+        (``_key_each`` then finds which, and why)."""
+        try:
+            decoded = list(map(pickle.loads, values))
+        except Exception:
+            return None
+        keys = self.extractors[stream].many(decoded)
+        if keys is None:
+            return None
+        take: Sequence[int] = range(len(keys))
+        if folder is not None and stream in self.fold_streams:
+            take = folder.add_many(keys, decoded, stamps, ids, take)
+            keys = [keys[i] for i in take]
+        shards, known = self.shards, self._shard_ids
+        if len(known) > 100_000:
+            known.clear()
+        shard_ids = [known.get(k) for k in keys]
+        for j, shard in enumerate(shard_ids):
+            if shard is None:
+                shard_ids[j] = known[keys[j]] = shard_of(keys[j], shards)
+        return list(take), keys, shard_ids, {}
+
+    def _key_each(self, kinds: list[int], streams: list[str], values: list[bytes], ids: list[str], stamps: list[int],
+                  folder: Folder | None) -> _Keyed:
+        """Rows keyed one at a time: a control row becomes one per shard, and a row that cannot be
+        decoded or keyed fails the batch or is rejected to shard 0."""
+        loads = pickle.loads
         take: list[int] = []
         keys: list[str | None] = []
         shard_ids: list[int] = []
@@ -159,19 +210,10 @@ class Keying:
                 keys.append("")
                 shard_ids.append(0)
                 continue
-            if fold is not None and stream in self.fold_streams and fold(key, value, stamps[i], ids[i]):
+            if (folder is not None and stream in self.fold_streams
+                    and not folder.add_many([key], [value], [stamps[i]], [ids[i]], (0,))):
                 continue
             take.append(i)
             keys.append(key)
             shard_ids.append(shard_of(key, self.shards))
-        picked = rb.take(pa.array(take, pa.int64()))
-        columns = {name: picked.column(name) for name in picked.schema.names}
-        columns["key"] = pa.array(keys, pa.string())
-        if rejected:
-            columns["kind"] = pa.array([REJECTED if j in rejected else k
-                                        for j, k in enumerate(columns["kind"].to_pylist())], pa.int8())
-            columns["value"] = pa.array([rejected.get(j, v) for j, v in enumerate(columns["value"].to_pylist())],
-                                        pa.binary())
-        columns["shard"] = pa.array(shard_ids, pa.int32())
-        columns["part"] = pa.array([self.labels[i] for i in shard_ids], pa.int32())
-        return pa.RecordBatch.from_arrays([columns[name] for name in KEYED_SCHEMA.names], schema=KEYED_SCHEMA)
+        return take, keys, shard_ids, rejected

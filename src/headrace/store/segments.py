@@ -10,8 +10,9 @@ import pickle
 import pyarrow as pa
 
 from ..engine.batch import Production
+from ..engine.ports import SegmentColumns
 
-__all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows"]
+__all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows", "segment_columns"]
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
 
@@ -34,9 +35,14 @@ def decode_segment(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
+def segment_columns(data: bytes) -> SegmentColumns:
+    """The segment's columns as lists, values unpickled: a reader that loops over columns makes
+    no tuple per record."""
+    t = decode_segment(data)
+    return SegmentColumns(t.column("key").to_pylist(), list(map(pickle.loads, t.column("value").to_pylist())),
+                          t.column("timestamp").to_pylist(), t.column("id").to_pylist())
+
+
 def segment_rows(data: bytes) -> list[tuple]:
     """(key, value, timestamp, id) per record, values unpickled."""
-    t = decode_segment(data)
-    loads = pickle.loads
-    return list(zip(t.column("key").to_pylist(), map(loads, t.column("value").to_pylist()),
-                    t.column("timestamp").to_pylist(), t.column("id").to_pylist()))
+    return list(zip(*segment_columns(data)))

@@ -13,14 +13,14 @@ import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
 from ..engine.batch import DueTimer, Production, ShardCommit, ShardSnapshot, id_sequence
-from ..engine.ports import BatchInfo, StoredRecord
+from ..engine.ports import BatchInfo, SegmentColumns, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
 from .base import Failpoint
 from .intervals import IntervalQueries
 from .monitoring import MonitorQueries
 from .rescale import rescale
-from .segments import encode_segment, segment_rows
+from .segments import encode_segment, segment_columns, segment_rows
 
 __all__ = ["SQLStore"]
 
@@ -459,6 +459,11 @@ class SQLStore(MonitorQueries, IntervalQueries):
         for batch, _shard, data in self.segment_blobs(stream, producer, after_batch, upto_batch):
             for r in segment_rows(data):
                 yield batch, StoredRecord(*r)
+
+    def read_segment_columns(self, stream: str, producer: str, after_batch: int,
+                             upto_batch: int) -> Iterator[tuple[int, SegmentColumns]]:
+        for batch, _shard, data in self.segment_blobs(stream, producer, after_batch, upto_batch):
+            yield batch, segment_columns(data)
 
     def journal_heads(self) -> list[BatchInfo]:
         """The latest journaled batch of every producer."""

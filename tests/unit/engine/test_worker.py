@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headrace import Computation, Topology, injectors, key_by
 from headrace.engine.batch import Production, id_prefix
-from headrace.engine.worker import Worker, interval_producer
+from headrace.engine.worker import Worker, _rows_by_shard, interval_producer
 from headrace.model import END_OF_TIME
 from headrace.spark.continuous import continuous_producers, plans_of
 from headrace.store import Store, open_store
@@ -217,3 +219,13 @@ def test_an_idle_worker_that_lost_its_lease_notices_at_its_next_renewal(store: S
     a.maintain_leases()
     assert lost and owned(a) == set() and a.fenced == []
     assert store.interval_owners("CountWords") == leases, "a's refused renewal changed nothing"
+
+
+@given(sids=st.lists(st.one_of(st.none(), st.integers(0, 11)), max_size=80),
+       owned=st.sets(st.integers(0, 11), max_size=12))
+def test_a_segments_rows_go_to_the_owned_shards_in_order_however_many_it_owns(sids: list[int | None],
+                                                                             owned: set[int]) -> None:
+    """A worker routes a segment's rows a pass per shard when it owns up to 8, in one pass beyond:
+    either way each owned shard gets exactly its rows, in order (None: a rejected record)."""
+    got = {s: rows for s, rows in _rows_by_shard(sids, owned).items() if rows}
+    assert got == {s: [i for i, x in enumerate(sids) if x == s] for s in owned if s in sids}
