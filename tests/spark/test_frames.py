@@ -14,6 +14,8 @@ from headrace import Computation, Topology, injectors, key_by, read, run, stream
 from headrace.errors import OptionError, UnknownStreamError
 from headrace.store import open_store
 
+from ..monoids import Adding
+
 USERS = ["ann", "bob", "cy", "dee", "eve"]
 BAD = 77  # the event whose production does not fit the schema
 # injected values that do not fit the typed input stream: dead-lettered before user code sees them
@@ -30,12 +32,23 @@ class Typed(Computation):
         ctx.produce("typed", {"user": ctx.key, "n": "seventy-seven" if n == BAD else n})
 
 
+class TypedSum(Adding):
+    """A monoid over the typed stream, folded where it is read: a misfit must not reach the fold."""
+
+    def lift(self, record: Any) -> int:
+        return record.value["n"]
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("sums", {"user": ctx.key, "total": aggregate})
+
+
 def build(data: list[dict[str, Any]]) -> Topology:
     t = Topology("frames")
     t.inject("events", injectors.records(data, timestamp="ts", batch_size=50))
     t.stream("events", schema="user STRING, n BIGINT, ts BIGINT")
     t.add(Typed, inputs={"events": key_by("user")}, outputs=["typed"], on_error="dead_letter", shards=2)
     t.stream("typed", schema="user STRING, n BIGINT")
+    t.add(TypedSum, inputs={"events": key_by("user")}, outputs=["sums"], on_error="dead_letter", shards=2)
     return t
 
 
@@ -78,6 +91,11 @@ def test_stream_df_counts_equal_the_oracle_and_a_value_that_does_not_fit_is_dead
         "SchemaMismatchError: A value produced to typed stream 'events' does not fit its schema: ArrowInvalid: "
         "Could not convert 'not a number' with type str: tried to convert to int64")
     assert open_store(store_url).counters("Typed")["dead_lettered"] == 3
+    sums = {r.value["user"]: r.value["total"] for r in read("sums", store_url)}
+    assert sums == {user: sum(e["n"] for e in data if e["user"] == user) for user in USERS}
+    monoid_letters = sorted((r.value["value"]["ts"], r.value["error"][:40]) for r in read("TypedSum.dead_letter",
+                                                                                            store_url))
+    assert monoid_letters == [(m["ts"], "SchemaMismatchError: A value produced to") for m in MISFITS]
     untyped = table_df("Typed.dead_letter", spark=spark, store=store_url)
     assert untyped.schema["value"].dataType.simpleString() == "binary"
     assert sorted(map(str, (pickle.loads(r.value)["value"]["n"] for r in untyped.collect()))) == sorted(
@@ -92,7 +110,7 @@ def test_a_stream_df_starts_from_a_batch_and_refuses_what_is_not_a_stream(spark:
     after_two = table_df("events", spark=spark, store=store_url, from_batch=2)
     assert after_two.count() == 100 and after_two.agg({"batch": "min"}).collect()[0][0] == 3
     with pytest.raises(UnknownStreamError, match="^No producer writes stream 'evnets' in .*Hint: known streams are "
-                                                 r"\['Typed.dead_letter', 'events', 'typed'\]$"):
+                                                 r"\['Typed.dead_letter', 'TypedSum.dead_letter', 'events', 'sums', 'typed'\]$"):
         stream_df("evnets", spark=spark, store=store_url)
     with pytest.raises(OptionError, match=r"^A stream DataFrame starts from 'beginning', 'now' or a time in ms since "
                                           r"the epoch \(got 'start'\). Hint: start='beginning', or from_batch=N to "

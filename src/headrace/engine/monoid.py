@@ -11,12 +11,12 @@ rows. Every ``COMPACT_EVERY``-th batch of a shard also folds each window's delta
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..errors import UserCodeError
 from ..model import END_OF_TIME, ComputationOptions, MonoidComputation, Record, Timer
 from .batch import InputRecord, Partial, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
-from .shard import (KeyContext, dead_letter_value, drop_duplicates, forget_before, invoke_on_timer, new_counters,
+from .shard import (KeyContext, ValueCheck, dead_letter_value, drop_duplicates, forget_before, invoke_on_timer, new_counters,
                     next_due, user_error)
 from .watermark import output_low_watermark
 
@@ -52,11 +52,18 @@ class Folder:
         self.slots: dict[tuple[str, int], list[Any]] = {}  # (key, window) -> [aggregate, records]
 
     def add_many(self, keys: Sequence[str], values: Sequence[Any], timestamps: Sequence[int], ids: Sequence[str],
-                 rows: Iterable[int]) -> list[int]:
+                 rows: Iterable[int], schema: ValueCheck | None = None) -> list[int]:
         """Fold in the records at ``rows`` of these columns; returns the rows that must travel alone
-        to their shard: late there (the shard counts or delivers them), or whose ``window`` or
-        ``lift`` raised or gave no integer window (the shard raises that as a user error, or
-        dead-letters the record). One loop over columns: this is a monoid's per-record cost."""
+        to their shard: late there (the shard counts or delivers them), or whose value does not fit
+        its typed stream's ``schema``, or whose ``window`` or ``lift``
+        raised or gave no integer window (the shard raises each as a user error, or dead-letters
+        the record). One loop over columns: this is a monoid's per-record cost."""
+        if schema is not None:
+            rows = list(rows)
+            misfits = [i for i in rows if schema.check(values[i]) is not None]
+            if misfits:
+                skip = set(misfits)
+                return misfits + self.add_many(keys, values, timestamps, ids, [i for i in rows if i not in skip])
         alone: list[int] = []
         slots, before, window, lift, combine, zero = (self.slots, self.before, self._window, self._lift,
                                                       self._combine, self._zero)
@@ -105,15 +112,18 @@ class Folder:
 
 
 def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRecord], watermark_before: int,
-                 streams: frozenset[str] | None = None) -> tuple[list[Partial], list[InputRecord]]:
+                 streams: frozenset[str] | None = None,
+                 schemas: Mapping[str, ValueCheck] | None = None) -> tuple[list[Partial], list[InputRecord]]:
     """Fold ``records`` of ``streams`` (every stream: None) into partials; returns them and the
     records that travel alone (other streams, late ones, and those ``Folder.add_many`` refused)."""
     folder = Folder(monoid, name, watermark_before)
     records = list(records)
-    rows = [i for i, r in enumerate(records) if streams is None or r.stream in streams]
-    refused = folder.add_many([r.key for r in records], [r.value for r in records], [r.timestamp for r in records],
-                              [r.id for r in records], rows)
-    folded = set(rows).difference(refused)
+    columns = ([r.key for r in records], [r.value for r in records], [r.timestamp for r in records],
+               [r.id for r in records])
+    folded: set[int] = set()
+    for stream in {r.stream for r in records if streams is None or r.stream in streams}:
+        rows = [i for i, r in enumerate(records) if r.stream == stream]
+        folded.update(set(rows).difference(folder.add_many(*columns, rows, (schemas or {}).get(stream))))
     return folder.partials(), [r for i, r in enumerate(records) if i not in folded]
 
 
@@ -126,13 +136,17 @@ def process_monoid_shard(
     snapshot: ShardSnapshot,
     stored: dict[tuple[str, int], list[bytes]],
     is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
+    schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardCommit:
     """One shard batch of a monoid computation, uncommitted. ``stored`` holds the delta rows of
-    every due window (and, in a compacting batch, of every window of the shard)."""
+    every due window (and, in a compacting batch, of every window of the shard); ``schemas`` as
+    for ``process_shard``: a lone record that does not fit fails, and so does an emitted value."""
     counters = new_counters()
+    checks = schemas or {}
     records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
     w_before, w_after = batch.watermark_before, batch.watermark_after
-    ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark)
+    ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark,
+                     schemas)
     dead_letters = options.on_error == "dead_letter"
     for bad in batch.rejected:
         ctx.bind(bad.key, None, {})
@@ -157,6 +171,8 @@ def process_monoid_shard(
         counters["records"] += 1
         record = Record(r.key, r.value, r.timestamp, r.id)
         try:
+            if r.stream in checks:
+                checks[r.stream].require(r.stream, r.value)
             window = computation.window(record)
             if type(window) is not int:
                 raise TypeError(f"window(record) returned {window!r} of type {type(window).__name__}, "

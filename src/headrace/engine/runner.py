@@ -108,7 +108,7 @@ def prepare_shard_batch(
         if monoid:
             commit = process_monoid_shard(computation, name, options, outputs, batch, snapshot,
                                           _stored_partials(store, name, batch, snapshot),
-                                          is_duplicate or (lambda ids: set()))
+                                          is_duplicate or (lambda ids: set()), schemas)
         else:
             commit = process_shard(computation, name, options, outputs, batch, snapshot,
                                    is_duplicate or (lambda ids: set()), schemas)

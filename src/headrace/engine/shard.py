@@ -23,6 +23,10 @@ _UNSET: Any = object()
 class ValueCheck(Protocol):
     """A typed stream's schema as the engine sees it (``headrace.schema.StreamSchema``)."""
 
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` does not fit (None when it does)."""
+        ...
+
     def require(self, stream: str, value: Any) -> None: ...
 
 

@@ -275,7 +275,8 @@ class Worker:
                         if fences:
                             rows = [i for i in rows if not _taken(fences, keys[i], producer, batch)]
                         if rows and shard in stream_folders:
-                            rows = stream_folders[shard].add_many(keys, seg.values, seg.timestamps, seg.ids, rows)
+                            rows = stream_folders[shard].add_many(keys, seg.values, seg.timestamps, seg.ids, rows,
+                                                                  plan.schemas.get(stream))
                         if rows:
                             by_shard.setdefault(shard, []).extend(
                                 InputRecord(stream, keys[i], seg.values[i], seg.timestamps[i], seg.ids[i])

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import base64
 import pickle
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
 from ..engine import shard_of
 from ..engine.monoid import Folder
+from ..engine.shard import ValueCheck
 from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import KeyExtractor, MonoidComputation
 
@@ -93,6 +94,7 @@ class Keying:
     dead_letters: bool = False
     monoid: MonoidComputation | None = None  # a monoid computation: records are folded in the read
     fold_streams: frozenset[str] = frozenset()  # the streams it folds (not those whose ids are checked)
+    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed streams it checks before folding
 
     def __post_init__(self) -> None:
         self.labels = partition_labels(self.shards)
@@ -162,7 +164,7 @@ class Keying:
             return None
         take: Sequence[int] = range(len(keys))
         if folder is not None and stream in self.fold_streams:
-            take = folder.add_many(keys, decoded, stamps, ids, take)
+            take = folder.add_many(keys, decoded, stamps, ids, take, self.schemas.get(stream))
             keys = [keys[i] for i in take]
         shards, known = self.shards, self._shard_ids
         if len(known) > 100_000:
@@ -211,7 +213,7 @@ class Keying:
                 shard_ids.append(0)
                 continue
             if (folder is not None and stream in self.fold_streams
-                    and not folder.add_many([key], [value], [stamps[i]], [ids[i]], (0,))):
+                    and not folder.add_many([key], [value], [stamps[i]], [ids[i]], (0,), self.schemas.get(stream))):
                 continue
             take.append(i)
             keys.append(key)

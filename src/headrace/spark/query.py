@@ -160,7 +160,7 @@ class ComputationQuery:
         keying = Keying(self.spec.name, dict(self.spec.inputs), self.spec.options.shards,
                         self.spec.options.on_error == "dead_letter",
                         cls() if issubclass(cls, MonoidComputation) else None,
-                        fold_streams(self.spec.inputs, self.dedup_streams))
+                        fold_streams(self.spec.inputs, self.dedup_streams), self.schemas)
         df = (self.spark.readStream.format("headrace")
               .option("store", self.url).option("computation", self.spec.name)
               .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from)

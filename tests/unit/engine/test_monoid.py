@@ -5,6 +5,7 @@ rows are compacted; bad monoids are refused or named."""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from typing import Any
 
@@ -12,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headrace import Computation, MonoidComputation, Topology, key_by
+from headrace import MonoidComputation, Topology, key_by
 from headrace.engine import InputRecord, ShardBatch, run_shard_batch
 from headrace.engine.monoid import COMPACT_EVERY, preaggregate
 from headrace.errors import TopologyError, UserCodeError
 from headrace.model import END_OF_TIME, ComputationOptions
+from headrace.schema import StreamSchema
 from headrace.store import open_store
 from headrace.testing import Harness
 
@@ -251,3 +253,37 @@ def test_an_emit_that_raises_is_undone_and_dead_lettered_with_that_policy() -> N
     [letter] = h.advance_watermark(1000)  # its production undone; only the dead letter
     assert letter.value["at"] == "emit of window 1000" and letter.value["error"] == "RuntimeError: boom"
     assert h.store.load_partials(h.name, 0, None) == {} and h.timers("a") == []
+
+
+TYPED = {"in": StreamSchema("n BIGINT")}
+
+
+def test_a_value_that_does_not_fit_its_typed_stream_is_not_folded_and_its_shard_dead_letters_it(
+        tmp_path: Any) -> None:
+    """A misfit travels alone from the read to the shard, which dead-letters it with the reason
+    (a folded value would have been summed unchecked); the other records' windows are emitted."""
+    records = [InputRecord("in", "a", {"n": 1}, 1_000, "r0"), InputRecord("in", "a", {"n": "two"}, 1_200, "r1"),
+               InputRecord("in", "a", {"n": 3, "x": 0}, 1_400, "r2"), InputRecord("in", "a", {"n": 4}, 2_500, "r3")]
+    partials, alone = preaggregate(Bag(), "Bag", records, watermark_before=0, schemas=TYPED)
+    assert [r.id for r in alone] == ["r1", "r2"]
+    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    options = ComputationOptions.from_kwargs("Bag", {"shards": 1, "on_error": "dead_letter"})
+    store.register("Bag", 1)
+    batch = ShardBatch("Bag", 0, 1, alone, 0, END_OF_TIME, 0, store.acquire_writer("Bag"), partials=partials)
+    out = run_shard_batch(Bag(), "Bag", options, None, store, batch, schemas=TYPED).productions
+    store.close()
+    assert [(p.value["end"], p.value["bag"]) for p in out if p.stream == "sums"] == [(2_000, [1]), (3_000, [4])]
+    letters = [p.value for p in out if p.stream == "Bag.dead_letter"]
+    assert [d["record_id"] for d in letters] == ["r1", "r2"]
+    assert letters[1]["error"] == (
+        "SchemaMismatchError: A value produced to typed stream 'in' does not fit its schema: field 'x' is not in "
+        "the schema (`n` BIGINT) (got {'n': 3, 'x': 0}). Hint: produce a dict with the fields `n` BIGINT")
+
+
+def test_a_monoid_checks_what_it_emits_to_a_typed_stream() -> None:
+    h = Harness(WindowSum, schemas={"monoid_sums": "key STRING, total BIGINT"})
+    h.process("a", {"n": 1}, 100, id="r1")
+    with pytest.raises(UserCodeError, match=re.escape(
+            "A value produced to typed stream 'monoid_sums' does not fit its schema: field 'end' is not in the "
+            "schema (`key` STRING, `total` BIGINT)")):
+        h.advance_watermark(1_000)
