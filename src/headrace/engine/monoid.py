@@ -63,7 +63,7 @@ class Folder:
             misfits = [i for i in rows if schema.check(values[i]) is not None]
             if misfits:
                 skip = set(misfits)
-                return misfits + self.add_many(keys, values, timestamps, ids, [i for i in rows if i not in skip])
+                return sorted(misfits + self.add_many(keys, values, timestamps, ids, [i for i in rows if i not in skip]))
         alone: list[int] = []
         slots, before, window, lift, combine, zero = (self.slots, self.before, self._window, self._lift,
                                                       self._combine, self._zero)
