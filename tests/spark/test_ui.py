@@ -51,11 +51,10 @@ def jobs(ui: str) -> list[dict[str, Any]]:
         return json.load(f)  # type: ignore[no-any-return]
 
 
-def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_watermark_late_and_dead_letters(
-        spark: Any, store_url: str, mode: str) -> None:
+def progress_listener(seen: list[tuple[str, dict[str, Any]]]) -> Any:
+    """A StreamingQueryListener that appends (query name/observation, observed metrics) of every
+    progress event to ``seen``."""
     from pyspark.sql.streaming import StreamingQueryListener
-
-    seen: list[tuple[str, dict[str, Any]]] = []  # (query name, observed metrics) of every progress event
 
     class Progress(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
@@ -71,10 +70,17 @@ def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_watermar
         def onQueryTerminated(self, event: Any) -> None:
             pass
 
+    return Progress()
+
+
+def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_watermark_late_and_dead_letters(
+        spark: Any, store_url: str, mode: str) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []  # (query name, observed metrics) of every progress event
+
     def shown() -> list[dict[str, Any]]:
         return [m for name, m in list(seen) if name == "headrace-Counter/headrace"]
 
-    listener = Progress()
+    listener = progress_listener(seen)
     spark.streams.addListener(listener)
     try:
         result = run(build(store_url), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode,
@@ -112,3 +118,51 @@ def test_the_ui_lists_jobs_described_by_computation_and_a_listener_sees_watermar
     else:
         assert any(d.startswith("headrace ui: ") and d.endswith("continuous workers running Counter") for d in described), \
             described[:10]
+
+
+def test_a_run_stopped_while_its_input_goes_on_ends_with_an_event_of_the_numbers_it_stopped_at(
+        spark: Any, store_url: str, mode: str) -> None:
+    """Unbounded input, stopped by the caller (as Ctrl-C does): the computations stop first, and
+    the progress query posts the store's final numbers before it stops too."""
+    from headrace.spark.continuous import ContinuousRunner
+    from headrace.spark.runner import SparkRunner
+
+    def endless() -> Iterator[dict[str, Any]]:
+        i = 0
+        while True:
+            yield {"user": f"u{i % 5}", "n": 1_000 + i, "ts": 1_000 + i}  # never the 77 Counter refuses
+            i += 1
+            if i % 20 == 0:
+                time.sleep(0.02)
+
+    t = Topology("ui_unbounded")
+    t.inject("events", injectors.records(endless, timestamp="ts", batch_size=20, max_delay_ms=0))
+    t.add(Counter, inputs={"events": key_by("user")}, outputs=["counts"], shards=2)
+    seen: list[tuple[str, dict[str, Any]]] = []
+    listener = progress_listener(seen)
+    spark.streams.addListener(listener)
+    try:
+        runner = (ContinuousRunner(t, store_url, spark=spark, progress=None, progress_queries=True) if mode == "continuous"
+                  else SparkRunner(t, store_url, spark=spark, progress=None, trigger_ms=100, progress_queries=True))
+        runner.start()
+        try:
+            store = open_store(store_url)
+            deadline = time.time() + 120
+            while time.time() < deadline and (store.counters("Counter").get("records", 0) < 500
+                                              or "Counter" not in watermarks(store_url)):
+                runner.check()
+                time.sleep(0.1)
+        finally:
+            runner.stop()
+        final = {"records": store.counters("Counter")["records"],
+                 "watermark": watermarks(store_url)["Counter"].input_watermark}
+        store.close()
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(
+                m["records"] == final["records"] for name, m in list(seen) if name == "headrace-Counter/headrace"):
+            time.sleep(0.2)
+    finally:
+        spark.streams.removeListener(listener)
+    events = [m for name, m in list(seen) if name == "headrace-Counter/headrace"]
+    assert final["records"] >= 500 and final["watermark"] < END_OF_TIME
+    assert events and {k: events[-1][k] for k in final} == final, f"the last event is not where the run stopped: {events}"

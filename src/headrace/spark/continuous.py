@@ -12,6 +12,7 @@ from the moment its producer's transaction commits; consumers poll the journal e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -21,7 +22,7 @@ import uuid
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
-from ..errors import FencedWriterError, OptionError, UserCodeError
+from ..errors import FencedWriterError, OptionError, StoreError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
@@ -30,7 +31,7 @@ from ..store import Store, open_store
 from ..topology import Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector
-from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress
+from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress, stop_progress
 from .query import QueryStats, failure_detail
 from .runner import (InjectorThread, RunResult, announce_ui, check_injectors,
                      checkpoint_root, claim_mode, start_injectors)
@@ -142,6 +143,7 @@ class ContinuousRunner:
         self._stopping = threading.Event()
         self.watcher: Watcher | None = None
         self._job: threading.Thread | None = None
+        self._authority: threading.Thread | None = None
         self._marks: dict[str, tuple[int, int]] = {}
         self.retired: dict[str, tuple[str, ...]] = {}
         self._started = 0.0
@@ -292,8 +294,8 @@ class ContinuousRunner:
         self._stopping.set()
         for injector in self.injectors.values():
             injector.stop()
-        for query in [*self.sinks, *self.progress_queries.values()]:
-            query.stop()
+        for sink in self.sinks:
+            sink.stop()
         if self.watcher is not None:
             self.watcher.stop()
         try:
@@ -304,6 +306,12 @@ class ContinuousRunner:
                 if self._job.is_alive():
                     self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
                     self._job.join(timeout=15)
+            if self.progress_queries:
+                if self._authority is not None:
+                    self._authority.join(timeout=5)
+                with contextlib.suppress(StoreError):  # a superseded driver's events stop where they were
+                    self.refresh_watermarks()  # the workers' last commits, journaled for the final events
+                stop_progress(self.progress_queries.values())
             self.store.close()
 
     # -- the watermark authority -------------------------------------------------------------------

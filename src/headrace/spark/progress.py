@@ -28,7 +28,7 @@ from ..store import open_store
 from .query import failure_detail
 from .source import LazyStore
 
-__all__ = ["StatusQuery", "METRICS", "check_progress_queries", "flush_progress", "start_progress"]
+__all__ = ["StatusQuery", "METRICS", "check_progress_queries", "flush_progress", "start_progress", "stop_progress"]
 
 # the columns of a status row, each observed as its own metric
 METRICS = ("watermark", "output_watermark", "watermark_lag_ms", "records", "late_dropped", "late_delivered",
@@ -146,6 +146,18 @@ def flush_progress(queries: Iterable[StatusQuery], timeout_s: float = 30.0) -> b
         return not pending
     finally:
         store.close()
+
+
+def stop_progress(queries: Iterable[StatusQuery], timeout_s: float = 5.0) -> None:
+    """Stop the progress queries once the computations have stopped, after each has posted an event
+    with the store's final numbers (waiting ``timeout_s`` at most): a run stopped while its input
+    goes on ends with the numbers it stopped at, as a drained one does."""
+    queries = list(queries)
+    try:
+        flush_progress(queries, timeout_s)
+    finally:
+        for query in queries:
+            query.stop()
 
 
 def start_progress(spark: Any, names: list[str], url: str) -> dict[str, StatusQuery]:

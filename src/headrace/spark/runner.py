@@ -19,7 +19,7 @@ from ..store import DEFAULT_STORE_URL, Store, open_store
 from ..topology import Injection, Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector, is_streaming_dataframe
-from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress
+from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress, stop_progress
 from .query import ComputationQuery, QueryStats
 from .session import spark_session, ui_url
 from .shipping import prepare_user_code
@@ -329,8 +329,9 @@ class SparkRunner:
             injector.stop()
         for sink in self.sinks:
             sink.stop()
-        for q in [*self.queries.values(), *self.progress_queries.values()]:
+        for q in self.queries.values():
             q.stop()
+        stop_progress(self.progress_queries.values())
         if self.watcher is not None:
             self.watcher.stop()
 
