@@ -10,7 +10,7 @@ dead-lettered with the reason under ``on_error="dead_letter"``), and the stream'
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
@@ -164,6 +164,19 @@ class StreamSchema:
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             return f"{type(exc).__name__}: {exc} (schema {self.ddl})"
         return None
+
+    def misfits(self, values: Sequence[Any]) -> list[int]:
+        """The positions of the ``values`` that do not fit: one conversion of the whole column
+        when they all do, ``check`` one by one otherwise."""
+        names, required = self._names, self._required
+        if all(isinstance(v, dict) and v.keys() <= names and all(v.get(n) is not None for n in required)
+               for v in values):
+            try:
+                pa.array(list(values), type=self.struct)
+                return []
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                pass
+        return [i for i, v in enumerate(values) if self.check(v) is not None]
 
     def require(self, stream: str, value: Any) -> None:
         reason = self.check(value)

@@ -122,3 +122,13 @@ def test_a_computation_checks_its_outputs_and_its_injected_inputs() -> None:
         t.stream(stream, schema="n BIGINT")
     assert sorted(t.checked_schemas("First")) == ["events", "mid"]
     assert sorted(t.checked_schemas("Second")) == ["out"]  # "mid" was checked when First produced it
+
+
+def test_the_misfits_of_many_values_are_those_check_refuses() -> None:
+    """``misfits`` converts a column at once when every value fits, and otherwise names exactly the
+    positions ``check`` refuses (what a monoid's read leaves out of its fold)."""
+    schema = StreamSchema("user STRING NOT NULL, n BIGINT")
+    good = [{"user": "ann", "n": 1}, {"user": "bob"}, {"user": "cy", "n": None}]
+    assert schema.misfits(good) == [] and schema.misfits([]) == []
+    values = [*good, {"user": "dee", "n": "two"}, ["eve", 3], {"user": "fay", "x": 1}, {"n": 4}, {"user": "gus", "n": 5}]
+    assert schema.misfits(values) == [i for i, v in enumerate(values) if schema.check(v) is not None] == [3, 4, 5, 6]

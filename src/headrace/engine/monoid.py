@@ -60,7 +60,7 @@ class Folder:
         the record). One loop over columns: this is a monoid's per-record cost."""
         if schema is not None:
             rows = list(rows)
-            misfits = [i for i in rows if schema.check(values[i]) is not None]
+            misfits = [rows[j] for j in schema.misfits([values[i] for i in rows])]
             if misfits:
                 skip = set(misfits)
                 return sorted(misfits + self.add_many(keys, values, timestamps, ids, [i for i in rows if i not in skip]))
@@ -120,9 +120,12 @@ def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRe
     records = list(records)
     columns = ([r.key for r in records], [r.value for r in records], [r.timestamp for r in records],
                [r.id for r in records])
+    by_stream: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        if streams is None or r.stream in streams:
+            by_stream.setdefault(r.stream, []).append(i)
     folded: set[int] = set()
-    for stream in {r.stream for r in records if streams is None or r.stream in streams}:
-        rows = [i for i, r in enumerate(records) if r.stream == stream]
+    for stream, rows in by_stream.items():
         folded.update(set(rows).difference(folder.add_many(*columns, rows, (schemas or {}).get(stream))))
     return folder.partials(), [r for i, r in enumerate(records) if i not in folded]
 

@@ -8,7 +8,7 @@ whole outcome becomes one ``ShardCommit``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import HeadraceError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
@@ -23,8 +23,8 @@ _UNSET: Any = object()
 class ValueCheck(Protocol):
     """A typed stream's schema as the engine sees it (``headrace.schema.StreamSchema``)."""
 
-    def check(self, value: Any) -> str | None:
-        """Why ``value`` does not fit (None when it does)."""
+    def misfits(self, values: Sequence[Any]) -> list[int]:
+        """The positions of the values that do not fit."""
         ...
 
     def require(self, stream: str, value: Any) -> None: ...

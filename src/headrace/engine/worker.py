@@ -264,9 +264,10 @@ class Worker:
                 if upto <= after:
                     continue
                 for batch, seg in _segments(self.store, plan.name, stream, producer, after, upto):
-                    keys = extractor.many(seg.values)
-                    if keys is None:  # some record has no key: find which, and fail or dead-letter it
-                        keys = self._key_each(plan, stream, extractor, producer, batch, seg, fences, rejected)
+                    keyed = extractor.many(seg.values)
+                    keys: list[Any] = (  # a str each, or None for a rejected record
+                        keyed if keyed is not None  # else some record has no key: find which, fail or dead-letter it
+                        else self._key_each(plan, stream, extractor, producer, batch, seg, fences, rejected))
                     for key in set(keys).difference(shard_ids):
                         if key is not None:
                             shard_ids[key] = shard_of(key, n)
@@ -328,8 +329,8 @@ def _rows_by_shard(sids: list[int | None], shards: set[int]) -> dict[int, list[i
         return {s: list(compress(range(len(sids)), map(eq, sids, repeat(s)))) for s in shards}
     out: dict[int, list[int]] = {}
     for i, s in enumerate(sids):
-        if s in shards:
-            out.setdefault(s, []).append(i)  # type: ignore[arg-type]
+        if s is not None and s in shards:
+            out.setdefault(s, []).append(i)
     return out
 
 

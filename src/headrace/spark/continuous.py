@@ -12,7 +12,6 @@ from the moment its producer's transaction commits; consumers poll the journal e
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -22,7 +21,7 @@ import uuid
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 from ..engine.worker import IntervalPlan, Worker, interval_producer
-from ..errors import FencedWriterError, OptionError, StoreError, UserCodeError
+from ..errors import FencedWriterError, OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
@@ -306,13 +305,24 @@ class ContinuousRunner:
                 if self._job.is_alive():
                     self.spark.sparkContext.cancelJobGroup(JOB_GROUP)
                     self._job.join(timeout=15)
-            if self.progress_queries:
-                if self._authority is not None:
-                    self._authority.join(timeout=5)
-                with contextlib.suppress(StoreError):  # a superseded driver's events stop where they were
-                    self.refresh_watermarks()  # the workers' last commits, journaled for the final events
-                stop_progress(self.progress_queries.values())
-            self.store.close()
+            try:
+                self._stop_progress()
+            finally:
+                self.store.close()
+
+    def _stop_progress(self) -> None:
+        """The progress queries' final events: the workers' last commits journaled, then reported.
+        A superseded driver (or a store that fails now) stops them where they were."""
+        if not self.progress_queries:
+            return
+        if self._authority is not None:
+            self._authority.join(timeout=5)
+        try:
+            self.refresh_watermarks()
+            flush = 5.0
+        except Exception:  # noqa: BLE001 - FencedWriterError, or the store's own error: no final event
+            flush = 0.0
+        stop_progress(self.progress_queries.values(), flush)
 
     # -- the watermark authority -------------------------------------------------------------------
 

@@ -175,7 +175,7 @@ class Keying:
                 shard_ids[j] = known[keys[j]] = shard_of(keys[j], shards)
         return list(take), keys, shard_ids, {}
 
-    def _key_each(self, kinds: list[int], streams: list[str], values: list[bytes], ids: list[str], stamps: list[int],
+    def _key_each(self, kinds: list[int], streams: list[Any], values: list[bytes], ids: list[str], stamps: list[int],
                   folder: Folder | None) -> _Keyed:
         """Rows keyed one at a time: a control row becomes one per shard, and a row that cannot be
         decoded or keyed fails the batch or is rejected to shard 0."""

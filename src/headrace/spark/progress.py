@@ -102,9 +102,10 @@ class StatusQuery:
         return self
 
     def shows(self, store: Any) -> bool:
-        """Whether the query's last progress event carries the computation's numbers in ``store`` now."""
-        last = self.query.lastProgress if self.query is not None else None
-        shown = last.observedMetrics.get("headrace") if last is not None else None
+        """Whether the query's last progress event with numbers (an idle query's events have none)
+        carries the computation's numbers in ``store`` now."""
+        events = self.query.recentProgress if self.query is not None else []
+        shown = next((e.observedMetrics["headrace"] for e in reversed(events) if "headrace" in e.observedMetrics), None)
         numbers = progress_of(store, self.computation)
         return shown is not None and all(shown[m] == numbers[m] for m in _CHANGES)
 
@@ -154,7 +155,10 @@ def stop_progress(queries: Iterable[StatusQuery], timeout_s: float = 5.0) -> Non
     goes on ends with the numbers it stopped at, as a drained one does."""
     queries = list(queries)
     try:
-        flush_progress(queries, timeout_s)
+        if timeout_s > 0:
+            flush_progress(queries, timeout_s)
+    except Exception:  # noqa: BLE001 - the events are for watching: a store that fails here must not stop the stop
+        pass
     finally:
         for query in queries:
             query.stop()
