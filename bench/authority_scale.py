@@ -15,6 +15,8 @@ Every step is headrace's own code on a real store, with N intervals registered:
   positions moved), in one transaction;
 - one watermark-authority round (``ContinuousRunner.refresh_watermarks``): every interval's
   journaled watermarks read, the minimum journaled under ``C``;
+- one ``status()`` read (``monitor/status.py``), which each driver's monitor makes every second
+  and ``headrace status`` makes once;
 - one interval's commit of a 5-record batch (``prepare_shard_batch`` + ``commit_together``, the
   worker's path), and the micro-batch runner's shard commit (``run_shard_batch``) and batch
   completion (``finish_batch``).
@@ -43,6 +45,7 @@ from headrace.engine.batch import Production, id_prefix  # noqa: E402
 from headrace.engine.runner import commit_together, finish_batch, prepare_shard_batch  # noqa: E402
 from headrace.engine.worker import Worker, interval_producer  # noqa: E402
 from headrace.model import BEGINNING_OF_TIME, ComputationOptions  # noqa: E402
+from headrace.monitor.status import status_of  # noqa: E402
 from headrace.spark.continuous import ContinuousRunner, continuous_producers, plans_of  # noqa: E402
 from headrace.store import open_store  # noqa: E402
 
@@ -117,6 +120,8 @@ def measure(url: str, n: int, repeat: int) -> dict[str, float]:
             runner._marks.clear()  # so that every round also journals, as when the watermark moved
             runner.refresh_watermarks(store)
         out["authority round (read N, journal 1)"] = median_of(repeat, authority_round)
+        runner._record_topology()
+        out["status(), which a driver's monitor reads each second"] = median_of(repeat, lambda r: status_of(store))
     finally:
         runner.store.close()
 

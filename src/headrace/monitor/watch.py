@@ -9,6 +9,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from typing import Any, TextIO
 
 from ..errors import OptionError
@@ -75,12 +76,15 @@ class Watcher:
         store = open_store(self.url)
         try:
             while True:
+                began = time.monotonic()
                 try:
                     self.round(store)
                 except Exception as exc:  # a store hiccup: log it, try again next round
                     self.failure = exc
                     log.warning("headrace monitor round failed: %s: %s", type(exc).__name__, exc)
-                if self._stopping.wait(self.every_s):
+                # a round that takes long (status reads every interval) spaces the rounds out, so
+                # that the monitor never takes more than a quarter of the driver's time or the store's
+                if self._stopping.wait(max(self.every_s, 3 * (time.monotonic() - began))):
                     return
         finally:
             store.close()

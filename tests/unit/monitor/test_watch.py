@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import headrace
@@ -43,3 +44,27 @@ def test_a_round_writes_a_sample_per_stage_and_status_derives_records_per_second
     now = h.store.samples(0)[-1].at
     assert headrace.status(h.store.url, now_ms=now)["stages"]["Count"]["records_per_s"] == 15.0
     assert headrace.status(h.store.url, now_ms=now + 60_000)["stages"]["Count"]["records_per_s"] is None
+
+
+def test_a_slow_round_spaces_the_next_one_out(tmp_path: Any) -> None:
+    """A round that takes long (status() reads one row per interval) waits three times its length
+    before the next, so the monitor takes at most a quarter of its thread's time."""
+    starts: list[tuple[float, float]] = []  # (start, end) of each round
+
+    class Slow(Watcher):
+        def round(self, store: Any) -> dict[str, Any]:
+            began = time.monotonic()
+            time.sleep(0.1)
+            starts.append((began, time.monotonic()))
+            return {}
+
+    watcher = Slow(f"sqlite:///{tmp_path}/store.db", every_s=0.01).start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(starts) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        watcher.stop()
+    assert len(starts) >= 3
+    for (began, ended), (after, _) in zip(starts, starts[1:]):
+        assert after - ended >= 3 * (ended - began) * 0.99, starts  # the wait, not every_s (0.01 s)

@@ -29,6 +29,18 @@ def test_positions_and_the_records_between_two_batches(store: Any) -> None:
     assert store.commit_times(["inject:s"], since_ms=max(times) + 1) == {}
 
 
+def test_commit_times_of_many_producers_in_batch_order_and_only_the_recent_ones(store: Any) -> None:
+    for producer, batches in (("C/0", 4), ("C/1", 2), ("C/2", 0)):
+        for batch in range(1, batches + 1):
+            publish(store, producer, batch, 1)
+    every = store.commit_times(["C/0", "C/1", "C/2", "C/0"], since_ms=0)
+    assert {p: len(t) for p, t in every.items()} == {"C/0": 4, "C/1": 2}  # C/2 journaled nothing
+    assert all(t == sorted(t) for t in every.values())
+    assert store.commit_times(["C/0", "C/1"], since_ms=0, recent=1) == {"C/0": every["C/0"][-1:],
+                                                                          "C/1": every["C/1"][-1:]}
+    assert store.commit_times([], since_ms=0) == {}
+
+
 def test_events_latest_per_name_and_a_tie_goes_to_the_later_kind(store: Any) -> None:
     store.add_event("A", "alert", 10, "{}")
     store.add_event("A", "cleared", 20, "{}")
