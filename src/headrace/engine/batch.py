@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
-__all__ = ["shard_of", "id_prefix", "id_sequence", "InputRecord", "Partial", "Production", "DueTimer", "ShardBatch",
+__all__ = ["shard_of", "shards_of", "id_prefix", "id_sequence", "InputRecord", "Partial", "Production", "DueTimer", "ShardBatch",
            "ShardSnapshot", "ShardCommit"]
 
 
@@ -25,6 +25,15 @@ def id_sequence(record_id: str) -> int:
 def shard_of(key: str, shards: int) -> int:
     """The key shard (MillWheel's key interval) a key belongs to; stable across processes."""
     return zlib.crc32(key.encode()) % shards
+
+
+def shards_of(keys: Sequence[str | None], shards: int, known: dict[str, int]) -> list[int | None]:
+    """``shard_of`` of many keys (None for a None key), each distinct key's computed once into
+    ``known``, a cache the caller keeps across calls."""
+    for key in set(keys).difference(known):
+        if key is not None:
+            known[key] = shard_of(key, shards)
+    return list(map(known.get, keys))
 
 
 class InputRecord(NamedTuple):

@@ -58,18 +58,16 @@ class Folder:
         its typed stream's ``schema``, or whose ``window`` or ``lift``
         raised or gave no integer window (the shard raises each as a user error, or dead-letters
         the record). One loop over columns: this is a monoid's per-record cost."""
+        misfits: set[int] = set()
         if schema is not None:
             rows = list(rows)
-            misfits = [rows[j] for j in schema.misfits([values[i] for i in rows])]
-            if misfits:
-                skip = set(misfits)
-                return sorted(misfits + self.add_many(keys, values, timestamps, ids, [i for i in rows if i not in skip]))
+            misfits = {rows[j] for j in schema.misfits([values[i] for i in rows])}
         alone: list[int] = []
         slots, before, window, lift, combine, zero = (self.slots, self.before, self._window, self._lift,
                                                       self._combine, self._zero)
         for i in rows:
             timestamp = timestamps[i]
-            if timestamp < before:
+            if timestamp < before or i in misfits:
                 alone.append(i)
                 continue
             key = keys[i]

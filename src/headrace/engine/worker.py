@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import MISSING_MODULE_HINT, BadInputError, FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
-from .batch import InputRecord, ShardBatch, shard_of
+from .batch import InputRecord, ShardBatch, shard_of, shards_of
 from .monoid import Folder, fold_streams
 from .ports import Fence, IntervalClaim, IntervalStore, SegmentColumns, StoredRecord
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
@@ -268,10 +268,7 @@ class Worker:
                     keys: list[Any] = (  # a str each, or None for a rejected record
                         keyed if keyed is not None  # else some record has no key: find which, fail or dead-letter it
                         else self._key_each(plan, stream, extractor, producer, batch, seg, fences, rejected))
-                    for key in set(keys).difference(shard_ids):
-                        if key is not None:
-                            shard_ids[key] = shard_of(key, n)
-                    sids = list(map(shard_ids.get, keys))  # None for a rejected record
+                    sids = shards_of(keys, n, shard_ids)  # None for a rejected record
                     for shard, rows in _rows_by_shard(sids, shards).items():
                         if fences:
                             rows = [i for i in rows if not _taken(fences, keys[i], producer, batch)]

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from ..engine import shard_of
+from ..engine.batch import shard_of, shards_of
 from ..engine.monoid import Folder
 from ..engine.shard import ValueCheck
 from ..errors import MISSING_MODULE_HINT, BadInputError
@@ -166,14 +166,9 @@ class Keying:
         if folder is not None and stream in self.fold_streams:
             take = folder.add_many(keys, decoded, stamps, ids, take, self.schemas.get(stream))
             keys = [keys[i] for i in take]
-        shards, known = self.shards, self._shard_ids
-        if len(known) > 100_000:
-            known.clear()
-        shard_ids = [known.get(k) for k in keys]
-        for j, shard in enumerate(shard_ids):
-            if shard is None:
-                shard_ids[j] = known[keys[j]] = shard_of(keys[j], shards)
-        return list(take), keys, shard_ids, {}
+        if len(self._shard_ids) > 100_000:
+            self._shard_ids.clear()
+        return list(take), keys, shards_of(keys, self.shards, self._shard_ids), {}
 
     def _key_each(self, kinds: list[int], streams: list[Any], values: list[bytes], ids: list[str], stamps: list[int],
                   folder: Folder | None) -> _Keyed:

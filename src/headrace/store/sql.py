@@ -456,8 +456,8 @@ class SQLStore(MonitorQueries, IntervalQueries):
             f"SELECT {BATCH_COLUMNS} FROM batches WHERE producer = ? AND batch > ? ORDER BY batch", (producer, after))]
 
     def read_segments(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> Iterator[tuple[int, StoredRecord]]:
-        for batch, _shard, data in self.segment_blobs(stream, producer, after_batch, upto_batch):
-            for r in segment_rows(data):
+        for batch, columns in self.read_segment_columns(stream, producer, after_batch, upto_batch):
+            for r in zip(*columns):
                 yield batch, StoredRecord(*r)
 
     def read_segment_columns(self, stream: str, producer: str, after_batch: int,
