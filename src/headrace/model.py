@@ -147,12 +147,12 @@ MONOID_HOOKS = ("zero", "lift", "combine", "emit")
 class KeyExtractor:
     """Turns a record's value into the consumer's key (always a ``str``)."""
 
-    __slots__ = ("description", "_fn", "_field")
+    __slots__ = ("description", "_fn", "field")
 
     def __init__(self, fn: Callable[[Any], Any], description: str, field: str | None = None):
         self._fn = fn
         self.description = description
-        self._field = field  # key_by("field"): ``many`` reads the field directly
+        self.field = field  # key_by("field"): the field it reads (``many`` reads it directly); None for a function
 
     def __call__(self, value: Any) -> str:
         key = self._fn(value)
@@ -168,7 +168,7 @@ class KeyExtractor:
         """The keys of many values at once; None if any has no key (call it one value at a time
         to learn which and why)."""
         try:
-            keys = [v[self._field] for v in values] if self._field is not None else list(map(self._fn, values))
+            keys = [v[self.field] for v in values] if self.field is not None else list(map(self._fn, values))
         except Exception:
             return None
         str_ = str

@@ -168,15 +168,20 @@ class StreamSchema:
     def misfits(self, values: Sequence[Any]) -> list[int]:
         """The positions of the ``values`` that do not fit: one conversion of the whole column
         when they all do, ``check`` one by one otherwise."""
+        if self.column(values) is not None:
+            return []
+        return [i for i, v in enumerate(values) if self.check(v) is not None]
+
+    def column(self, values: Sequence[Any]) -> pa.StructArray | None:
+        """The values as one typed struct column when every one fits (one conversion); else None."""
         names, required = self._names, self._required
         if all(isinstance(v, dict) and v.keys() <= names and all(v.get(n) is not None for n in required)
                for v in values):
             try:
-                pa.array(list(values), type=self.struct)
-                return []
+                return pa.array(list(values), type=self.struct)
             except (pa.ArrowException, TypeError, ValueError, OverflowError):
                 pass
-        return [i for i, v in enumerate(values) if self.check(v) is not None]
+        return None
 
     def require(self, stream: str, value: Any) -> None:
         reason = self.check(value)

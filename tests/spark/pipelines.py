@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import operator
 import random
 from collections import Counter, defaultdict
 from typing import Any
 
 from headrace import Computation, Topology, injectors, key_by
 from headrace.model import END_OF_TIME
+from headrace.monoids import constant, field, tumbling
 
 from ..monoids import Adding
 
@@ -154,6 +156,30 @@ class MonoidWindowSum(Adding):
         ctx.produce("monoid_sums", {"key": ctx.key, "end": timer.timestamp, "sum": aggregate})
 
 
+class BuiltinCount(MonoidCount):
+    """The count from ``headrace.monoids``' hooks: folded from a typed stream's field columns."""
+
+    lift = constant(1)
+    combine = operator.add
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("builtin_counts", {"key": ctx.key, "count": aggregate})
+
+
+class BuiltinWindowSum(MonoidCount):
+    """The windowed sum from ``headrace.monoids``' hooks: folded from a typed stream's field columns."""
+
+    lift = field("n")
+    window = tumbling(1000)
+    combine = operator.add
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("builtin_sums", {"key": ctx.key, "end": timer.timestamp, "sum": aggregate})
+
+
+EVENT_SCHEMA = "key STRING, n BIGINT, ts BIGINT"
+
+
 def skewed_events(n: int, keys: int = 200, seed: int = 11) -> list[dict[str, Any]]:
     """Zipf-skewed keys over 20 s of event time, out of order by up to 2 s, each with a number ``n``."""
     rng = random.Random(seed)
@@ -165,11 +191,17 @@ def skewed_events(n: int, keys: int = 200, seed: int = 11) -> list[dict[str, Any
     return events
 
 
-def monoid_beside_plain(events: list[dict[str, Any]], batch_size: int = 300) -> Topology:
+def monoid_beside_plain(events: list[dict[str, Any]], batch_size: int = 300, typed: bool = False) -> Topology:
+    """Plain and monoid counts and window sums of ``events``; ``typed``: the events are a typed
+    stream, and the built-in monoids (folded from its field columns) run beside them too."""
     t = Topology("monoid_beside_plain")
     t.inject("events", injectors.records(events, timestamp="ts", batch_size=batch_size))
-    for cls, out in ((PlainCount, "plain_counts"), (MonoidCount, "monoid_counts"),
-                     (PlainWindowSum, "plain_sums"), (MonoidWindowSum, "monoid_sums")):
+    variants = [(PlainCount, "plain_counts"), (MonoidCount, "monoid_counts"),
+                (PlainWindowSum, "plain_sums"), (MonoidWindowSum, "monoid_sums")]
+    if typed:
+        t.stream("events", schema=EVENT_SCHEMA)
+        variants += [(BuiltinCount, "builtin_counts"), (BuiltinWindowSum, "builtin_sums")]
+    for cls, out in variants:
         t.add(cls, inputs={"events": key_by("key")}, outputs=[out], shards=2)
     return t
 

@@ -6,7 +6,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
-__all__ = ["shard_of", "shards_of", "id_prefix", "id_sequence", "InputRecord", "Partial", "Production", "DueTimer", "ShardBatch",
+__all__ = ["shard_of", "shards_of", "id_prefix", "id_sequence", "InputRecord", "CheckedRecord", "Partial", "Production", "DueTimer", "ShardBatch",
            "ShardSnapshot", "ShardCommit"]
 
 
@@ -44,6 +44,13 @@ class InputRecord(NamedTuple):
     value: Any
     timestamp: int
     id: str
+
+
+class CheckedRecord(InputRecord):
+    """An ``InputRecord`` of a typed stream whose value its writer already checked against the
+    schema the reader checks (its segment kept the fields as columns): not checked again."""
+
+    __slots__ = ()
 
 
 class Partial(NamedTuple):

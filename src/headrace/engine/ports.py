@@ -12,7 +12,7 @@ The engine imports nothing from ``headrace.store``: a store is anything with the
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, NamedTuple, Protocol
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from ..errors import StoreError
 from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
@@ -39,13 +39,26 @@ class StoredRecord(NamedTuple):
     id: str
 
 
-class SegmentColumns(NamedTuple):
-    """One segment's records as columns (``StoredRecord``'s fields, one list each, values decoded)."""
+class SegmentColumns(Protocol):
+    """One segment's records as columns (``StoredRecord``'s fields, a list each). ``values`` are
+    unpickled on first use, or only at some rows (``values_at``). A typed stream's segment may
+    keep its values' fields as columns too (``fields_schema``, the schema they were written
+    with): ``field`` reads one without unpickling any value."""
 
     keys: list[str | None]
-    values: list[Any]
     timestamps: list[int]
     ids: list[str]
+    fields_schema: str | None
+
+    @property
+    def values(self) -> list[Any]: ...
+
+    def values_at(self, rows: Sequence[int]) -> list[Any]: ...
+
+    def field(self, name: str, kind: type) -> list[Any] | None:
+        """Field ``name`` of every value, exactly as in the value, when the segment kept field
+        columns and the field holds a ``kind`` (``int`` or ``str``) in every value; else None."""
+        ...
 
 
 class ShardStore(Protocol):
@@ -80,7 +93,10 @@ class Bus(Protocol):
     """Streams: segments committed by producers, readable by any consumer at its own pace."""
 
     def publish(self, producer: str, batch: int, records: dict[str, list[Production]], watermark: int,
-                checkpoint: str | None = None) -> None: ...
+                checkpoint: str | None = None, schemas: Mapping[str, Any] | None = None) -> None:
+        """An injector's batch; ``schemas`` (``StreamSchema`` by stream) lets a typed stream's
+        segments keep their fields as columns."""
+        ...
 
     def segment_blobs(self, stream: str, producer: str, after_batch: int,
                       upto_batch: int) -> list[tuple[int, int, bytes]]: ...

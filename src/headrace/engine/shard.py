@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import HeadraceError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
-from .batch import DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
+from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
 from .watermark import output_low_watermark
 
 __all__ = ["KeyContext", "process_shard", "ValueCheck"]
@@ -22,6 +22,8 @@ _UNSET: Any = object()
 
 class ValueCheck(Protocol):
     """A typed stream's schema as the engine sees it (``headrace.schema.StreamSchema``)."""
+
+    ddl: str  # the schema as Spark DDL: segments name the schema their field columns were written with
 
     def misfits(self, values: Sequence[Any]) -> list[int]:
         """The positions of the values that do not fit."""
@@ -198,6 +200,19 @@ def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate
     return records, seen_ids
 
 
+def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]]:
+    """(stream, id) of the records whose value does not fit their typed stream: one check of each
+    stream's column of values, rather than one per value."""
+    if not checks:
+        return set()
+    by_stream: dict[str, list[InputRecord]] = {}
+    for r in records:
+        if r.stream in checks and type(r) is not CheckedRecord:
+            by_stream.setdefault(r.stream, []).append(r)
+    return {(stream, rs[i].id) for stream, rs in by_stream.items()
+            for i in checks[stream].misfits([r.value for r in rs])}
+
+
 def _group_by_key(records: list[InputRecord]) -> dict[str, list[InputRecord]]:
     groups: dict[str, list[InputRecord]] = {}
     for r in records:
@@ -235,6 +250,7 @@ def process_shard(
     counters = new_counters()
     checks = schemas or {}
     records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
+    misfits = _misfits(records, checks)
     by_key = _group_by_key(records)
     timers_by_key: dict[str, dict[str, DueTimer]] = {}
     for t in snapshot.due_timers:
@@ -268,7 +284,7 @@ def process_shard(
             ctx._timestamp = r.timestamp
             point = ctx.savepoint() if dead_letters else None
             try:
-                if r.stream in checks:
+                if misfits and (r.stream, r.id) in misfits:
                     checks[r.stream].require(r.stream, r.value)
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id))
             except Exception as exc:

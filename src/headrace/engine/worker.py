@@ -19,16 +19,18 @@ import zlib
 from itertools import compress, repeat
 from operator import eq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from ..errors import MISSING_MODULE_HINT, BadInputError, FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
-from .batch import InputRecord, ShardBatch, shard_of, shards_of
-from .monoid import Folder, fold_streams
+from .batch import CheckedRecord, InputRecord, ShardBatch, shard_of, shards_of
+from .monoid import Folder, columnar_parts, fold_streams
 from .ports import Fence, IntervalClaim, IntervalStore, SegmentColumns, StoredRecord
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
 from .shard import ValueCheck
 from .watermark import input_low_watermark
+
+T = TypeVar("T")
 
 __all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
 
@@ -264,21 +266,32 @@ class Worker:
                 if upto <= after:
                     continue
                 for batch, seg in _segments(self.store, plan.name, stream, producer, after, upto):
-                    keyed = extractor.many(seg.values)
+                    alone = (_fold_fields(plan, stream, producer, batch, extractor, seg, shards, stream_folders,
+                                          shard_ids) if stream_folders and not fences else None)
+                    if alone is not None:  # folded from its field columns: only late records are left
+                        for shard, records in alone.items():
+                            by_shard.setdefault(shard, []).extend(records)
+                        continue
+                    values = _decoded(plan.name, stream, producer, batch, lambda: seg.values)
+                    keyed = extractor.many(values)
                     keys: list[Any] = (  # a str each, or None for a rejected record
                         keyed if keyed is not None  # else some record has no key: find which, fail or dead-letter it
                         else self._key_each(plan, stream, extractor, producer, batch, seg, fences, rejected))
+                    schema = plan.schemas.get(stream)
+                    if schema is not None and seg.fields_schema == schema.ddl:
+                        schema, make = None, CheckedRecord  # its writer checked every value against it
+                    else:
+                        make = InputRecord
+                    stamps, ids = seg.timestamps, seg.ids
                     sids = shards_of(keys, n, shard_ids)  # None for a rejected record
                     for shard, rows in _rows_by_shard(sids, shards).items():
                         if fences:
                             rows = [i for i in rows if not _taken(fences, keys[i], producer, batch)]
                         if rows and shard in stream_folders:
-                            rows = stream_folders[shard].add_many(keys, seg.values, seg.timestamps, seg.ids, rows,
-                                                                  plan.schemas.get(stream))
+                            rows = stream_folders[shard].add_many(keys, values, stamps, ids, rows, schema)
                         if rows:
                             by_shard.setdefault(shard, []).extend(
-                                InputRecord(stream, keys[i], seg.values[i], seg.timestamps[i], seg.ids[i])
-                                for i in rows)
+                                make(stream, keys[i], values[i], stamps[i], ids[i]) for i in rows)
         return by_shard, rejected
 
     def _key_each(self, plan: IntervalPlan, stream: str, extractor: KeyExtractor, producer: str, batch: int,
@@ -286,7 +299,7 @@ class Worker:
         """A segment's keys one record at a time: one without a key stops the worker, or with
         ``on_error="dead_letter"`` becomes a rejection (None in the keys)."""
         keys: list[str | None] = []
-        for r in map(StoredRecord._make, zip(*seg)):
+        for r in map(StoredRecord._make, zip(seg.keys, seg.values, seg.timestamps, seg.ids)):
             try:
                 keys.append(extractor(r.value))
                 continue
@@ -312,12 +325,42 @@ def _segments(store: IntervalStore, name: str, stream: str, producer: str, after
     try:
         yield from store.read_segment_columns(stream, producer, after, upto)
     except Exception as exc:
-        raise BadInputError(
-            f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} in its "
-            f"batches {after + 1}..{upto}", got_text=f"{type(exc).__name__}: {exc}",
-            hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
-            "a value this worker cannot unpickle: install on the workers the modules its classes come from"
-        ) from None
+        raise _undecodable(name, stream, producer, f"in its batches {after + 1}..{upto}", exc) from None
+
+
+def _decoded(name: str, stream: str, producer: str, batch: int, decode: Callable[[], T]) -> T:
+    """``decode()`` (a segment's values, unpickled when first asked for), failing as ``_segments`` does."""
+    try:
+        return decode()
+    except Exception as exc:
+        raise _undecodable(name, stream, producer, f"in its batch {batch}", exc) from None
+
+
+def _undecodable(name: str, stream: str, producer: str, where: str, exc: Exception) -> BadInputError:
+    return BadInputError(
+        f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} {where}",
+        got_text=f"{type(exc).__name__}: {exc}",
+        hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
+        "a value this worker cannot unpickle: install on the workers the modules its classes come from")
+
+
+def _fold_fields(plan: IntervalPlan, stream: str, producer: str, batch: int, extractor: KeyExtractor,
+                 seg: SegmentColumns, shards: set[int], folders: dict[int, Folder],
+                 shard_ids: dict[str, int]) -> dict[int, list[InputRecord]] | None:
+    """A typed stream's segment folded from its field columns (``columnar_parts``); returns the
+    records that travel alone (late ones) by shard, or None: the segment takes the per-record path."""
+    columns = columnar_parts(next(iter(folders.values())), extractor, seg, plan.schemas.get(stream))
+    if columns is None:
+        return None
+    keys, parts = columns
+    out: dict[int, list[InputRecord]] = {}
+    for shard, rows in _rows_by_shard(shards_of(keys, plan.options.shards, shard_ids), shards).items():
+        late = folders[shard].add_columns(keys, parts, seg.timestamps, rows) if rows else []
+        if late:
+            out[shard] = [CheckedRecord(stream, keys[i], value, seg.timestamps[i], seg.ids[i])
+                          for i, value in zip(late, _decoded(plan.name, stream, producer, batch,
+                                                             lambda: seg.values_at(late)))]
+    return out
 
 
 def _rows_by_shard(sids: list[int | None], shards: set[int]) -> dict[int, list[int]]:

@@ -15,6 +15,7 @@ from ..engine.batch import Production, id_prefix
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
+from ..schema import StreamSchema
 from ..topology import Injection
 from .query import clear_unfinished_writes
 
@@ -28,8 +29,10 @@ def is_streaming_dataframe(source: Any) -> bool:
 
 
 class DataFrameInjector:
-    def __init__(self, injection: Injection, producer: str, url: str, checkpoint_root: str, trigger_ms: int):
+    def __init__(self, injection: Injection, producer: str, url: str, checkpoint_root: str, trigger_ms: int,
+                 schema: StreamSchema | None = None):
         self.stream, self.df, self.producer, self.url = injection.stream, injection.source, producer, url
+        self.schemas = {self.stream: schema} if schema is not None else None
         options = injection.options  # checked by Topology.inject
         self.ts_column = options.timestamp
         self.id_column = options.id
@@ -82,7 +85,7 @@ class DataFrameInjector:
         store = open_store(self.url)
         try:
             store.publish(self.producer, batch_id + 1, {self.stream: records}, watermark,
-                          None if self._high is None else str(self._high))
+                          None if self._high is None else str(self._high), self.schemas)
         finally:
             store.close()
         self.published += len(records)

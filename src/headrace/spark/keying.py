@@ -14,10 +14,11 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from ..engine.batch import shard_of, shards_of
-from ..engine.monoid import Folder
+from ..engine.monoid import Folder, columnar_parts
 from ..engine.shard import ValueCheck
 from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import KeyExtractor, MonoidComputation
+from ..store.segments import DecodedSegment
 
 __all__ = ["Keying", "SOURCE_SCHEMA", "KEYED_SCHEMA", "KEYED_DDL", "ddl", "RECORD", "CONTROL", "REJECTED", "PARTIAL",
            "partition_labels",
@@ -117,6 +118,18 @@ class Keying:
             pa.array([p.window for p in parts], pa.int64()), pa.array([None] * n, pa.string()),
             pa.array(shard_ids, pa.int32()), pa.array([self.labels[i] for i in shard_ids], pa.int32()),
             zeros, zeros, zeros], schema=KEYED_SCHEMA)
+
+    def fold_fields(self, table: pa.Table, stream: str, folder: Folder) -> pa.Table:
+        """A typed stream's segment folded from its field columns when it can be
+        (``columnar_parts``): the rows left to key (late ones); else the whole segment."""
+        if stream not in self.fold_streams:
+            return table
+        seg = DecodedSegment(table)
+        columns = columnar_parts(folder, self.extractors[stream], seg, self.schemas.get(stream))
+        if columns is None:
+            return table
+        late = folder.add_columns(*columns, seg.timestamps, range(len(seg)))
+        return table.take(pa.array(late, pa.int64()))
 
     def to_option(self) -> str:
         from pyspark import cloudpickle

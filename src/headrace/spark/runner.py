@@ -16,6 +16,7 @@ from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
 from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..store import DEFAULT_STORE_URL, Store, open_store
+from ..schema import StreamSchema
 from ..topology import Injection, Topology
 from .frames import declare_schemas
 from .inject import DataFrameInjector, is_streaming_dataframe
@@ -43,9 +44,10 @@ def _injectors(injection: Injection) -> list[Injector]:
 
 class InjectorThread(threading.Thread):
     def __init__(self, stream: str, producer: str, injector: Injector, url: str,
-                 on_error: Callable[[BaseException], None]):
+                 on_error: Callable[[BaseException], None], schema: StreamSchema | None = None):
         super().__init__(name=f"headrace-{producer}", daemon=True)
         self.stream, self.injector, self.url, self.on_error = stream, injector, url, on_error
+        self.schemas = {stream: schema} if schema is not None else None  # a typed stream: fields kept as columns
         self.producer = producer
         self.finished = threading.Event()
         self.stopping = threading.Event()
@@ -71,7 +73,8 @@ class InjectorThread(threading.Thread):
                 prefix = id_prefix(self.producer, batch)
                 prods = [Production(self.stream, None, v, ts, rid or f"{prefix}{n}")
                          for n, (v, ts, rid) in enumerate(injected.records)]
-                store.publish(self.producer, batch, {self.stream: prods}, injected.watermark, injected.checkpoint)
+                store.publish(self.producer, batch, {self.stream: prods}, injected.watermark, injected.checkpoint,
+                              self.schemas)
                 self.published += len(prods)
                 self.watermark = max(self.watermark, injected.watermark)
             self.finished.set()
@@ -88,12 +91,13 @@ def start_injectors(topology: Topology, url: str, checkpoint_dir: str, trigger_m
     for stream, injection in topology.injections.items():
         if is_streaming_dataframe(injection.source):
             producer = injection.producers[0]
-            df_injector = DataFrameInjector(injection, producer, url, checkpoint_dir, trigger_ms)
+            df_injector = DataFrameInjector(injection, producer, url, checkpoint_dir, trigger_ms,
+                                            topology.schemas.get(stream))
             started[producer] = df_injector
             df_injector.start()
             continue
         for producer, injector in zip(injection.producers, _injectors(injection)):
-            thread = InjectorThread(stream, producer, injector, url, on_error)
+            thread = InjectorThread(stream, producer, injector, url, on_error, topology.schemas.get(stream))
             started[producer] = thread
             thread.start()
     return started

@@ -159,7 +159,10 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
         store = shared_store(self.url)
         folder = self.keying.folder(partition.wm_before)
         for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
-            for rb in _as_source_batches(decode_segment(blob), partition.stream):
+            table = decode_segment(blob)
+            if folder is not None:
+                table = self.keying.fold_fields(table, partition.stream, folder)
+            for rb in _as_source_batches(table, partition.stream):
                 yield self.keying.apply(rb, folder)
         if folder is not None and folder.slots:
             yield self.keying.partial_rows(folder)

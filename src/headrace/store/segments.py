@@ -1,48 +1,124 @@
 """A segment (one producer's records on one stream for one batch) is an Arrow IPC stream.
 
-Values are pickled one by one, so readers can pass them on untouched.
+Values are pickled one by one, so readers can pass them on untouched. A typed stream's segment
+may also keep its values' fields as one struct column, ``fields``: a reader that needs a field or
+two of every record (a monoid's fold, §3.13) reads those columns and unpickles nothing.
 """
 
 from __future__ import annotations
 
 import pickle
+from typing import Any, Sequence
 
 import pyarrow as pa
 
 from ..engine.batch import Production
-from ..engine.ports import SegmentColumns
+from ..schema import StreamSchema
 
-__all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows", "segment_columns"]
+__all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
+FIELDS = "fields"
+_SCHEMA_KEY = b"headrace.fields"  # the field columns' schema (Spark DDL), in the Arrow schema's metadata
 
 
-def encode_segment(records: list[Production]) -> bytes:
+def encode_segment(records: list[Production], schema: StreamSchema | None = None) -> bytes:
+    """The records as a segment; with the ``schema`` of their typed stream, also their fields as
+    columns, when every value fits it exactly (``exact_fields``)."""
     dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
-    table = pa.table({
+    columns = {
         "key": pa.array([p.key for p in records], pa.string()),
         "value": pa.array([dumps(p.value, proto) for p in records], pa.binary()),
         "timestamp": pa.array([p.timestamp for p in records], pa.int64()),
         "id": pa.array([p.id for p in records], pa.string()),
-    }, schema=SEGMENT_SCHEMA)
+    }
+    arrow_schema = SEGMENT_SCHEMA
+    fields = exact_fields([p.value for p in records], schema) if schema is not None and records else None
+    if fields is not None:
+        columns[FIELDS] = fields
+        arrow_schema = SEGMENT_SCHEMA.append(pa.field(FIELDS, fields.type)).with_metadata(
+            {_SCHEMA_KEY: schema.ddl.encode()})  # type: ignore[union-attr]
+    table = pa.table(columns, schema=arrow_schema)
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, SEGMENT_SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, arrow_schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def exact_fields(values: Sequence[Any], schema: StreamSchema) -> pa.StructArray | None:
+    """The values' fields as one struct column, when each value fits ``schema`` and each of its
+    integer and string fields holds exactly a Python ``int`` or ``str``: a reader of these columns
+    then sees what a reader of the unpickled values sees (a ``3.0`` in a BIGINT field would read
+    back as ``3``, and so leaves the segment without field columns)."""
+    column = schema.column(values)
+    if column is None:
+        return None
+    for f in schema.arrow:
+        exact = int if pa.types.is_integer(f.type) else str if pa.types.is_string(f.type) else None
+        if exact is not None and not all(type(v[f.name]) is exact for v in values if v.get(f.name) is not None):
+            return None
+    return column
 
 
 def decode_segment(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(data).read_all()
 
 
-def segment_columns(data: bytes) -> SegmentColumns:
-    """The segment's columns as lists, values unpickled: a reader that loops over columns makes
-    no tuple per record."""
-    t = decode_segment(data)
-    return SegmentColumns(t.column("key").to_pylist(), list(map(pickle.loads, t.column("value").to_pylist())),
-                          t.column("timestamp").to_pylist(), t.column("id").to_pylist())
+class DecodedSegment:
+    """A segment's columns as lists (``engine.ports.SegmentColumns``): values unpickled on first
+    use, or only at the rows asked for; a typed stream's fields read as columns without them."""
+
+    __slots__ = ("keys", "timestamps", "ids", "fields_schema", "_table", "_values", "_fields")
+
+    def __init__(self, table: pa.Table):
+        self._table = table
+        self.keys: list[str | None] = table.column("key").to_pylist()
+        self.timestamps: list[int] = table.column("timestamp").to_pylist()
+        self.ids: list[str] = table.column("id").to_pylist()
+        meta = table.schema.metadata or {}
+        self.fields_schema: str | None = (meta[_SCHEMA_KEY].decode()
+                                          if FIELDS in table.schema.names and _SCHEMA_KEY in meta else None)
+        self._values: list[Any] | None = None
+        self._fields: dict[tuple[str, type], list[Any] | None] = {}
+
+    @property
+    def values(self) -> list[Any]:
+        if self._values is None:
+            self._values = list(map(pickle.loads, self._table.column("value").to_pylist()))
+        return self._values
+
+    def values_at(self, rows: Sequence[int]) -> list[Any]:
+        if self._values is not None:
+            return [self._values[i] for i in rows]
+        column = self._table.column("value")
+        return [pickle.loads(column[i].as_py()) for i in rows]
+
+    def field(self, name: str, kind: type) -> list[Any] | None:
+        """Field ``name`` of every value, when the writer kept the fields as columns and that field
+        holds a ``kind`` (``int`` or ``str``) in every value; else None. Exact: ``exact_fields``."""
+        if (name, kind) not in self._fields:
+            found = None
+            if self.fields_schema is not None:
+                struct = self._table.column(FIELDS).combine_chunks()
+                at = struct.type.get_field_index(name)
+                if at >= 0:
+                    column = struct.field(at)
+                    is_kind = pa.types.is_integer if kind is int else pa.types.is_string if kind is str else None
+                    if is_kind is not None and is_kind(column.type) and column.null_count == 0:
+                        found = column.to_pylist()
+            self._fields[(name, kind)] = found
+        return self._fields[(name, kind)]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def segment_columns(data: bytes) -> DecodedSegment:
+    """The segment's columns: a reader that loops over columns makes no tuple per record."""
+    return DecodedSegment(decode_segment(data))
 
 
 def segment_rows(data: bytes) -> list[tuple]:
     """(key, value, timestamp, id) per record, values unpickled."""
-    return list(zip(*segment_columns(data)))
+    seg = segment_columns(data)
+    return list(zip(seg.keys, seg.values, seg.timestamps, seg.ids))

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ..engine.batch import DueTimer, Production, ShardCommit, ShardSnapshot, id_sequence
 from ..engine.ports import BatchInfo, SegmentColumns, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME
+from ..schema import StreamSchema
 from .base import Failpoint
 from .intervals import IntervalQueries
 from .monitoring import MonitorQueries
@@ -425,7 +426,7 @@ class SQLStore(MonitorQueries, IntervalQueries):
         return BatchInfo(*row) if row else None
 
     def publish(self, producer: str, batch: int, records: dict[str, list[Production]], watermark: int,
-                checkpoint: str | None = None) -> None:
+                checkpoint: str | None = None, schemas: Mapping[str, StreamSchema] | None = None) -> None:
         """An injector's batch: its segments, its journal entry and its resume point, in one transaction.
 
         Publishing a batch that is already journaled does nothing, so an injector that crashed and
@@ -440,7 +441,7 @@ class SQLStore(MonitorQueries, IntervalQueries):
                 raise StaleBatchError(f"Injector {producer!r} is at batch {prev.batch}, past {batch}", got=batch,
                                       hint="resume from the checkpoint the store returns")
             now = _now()
-            self._put_segments([(stream, producer, batch, 0, len(ps), encode_segment(ps), now)
+            self._put_segments([(stream, producer, batch, 0, len(ps), encode_segment(ps, (schemas or {}).get(stream)), now)
                                 for stream, ps in records.items() if ps])
             wm = max(watermark, prev.output_watermark) if prev else watermark
             self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?)", (producer, batch, wm, wm, now))
@@ -456,8 +457,8 @@ class SQLStore(MonitorQueries, IntervalQueries):
             f"SELECT {BATCH_COLUMNS} FROM batches WHERE producer = ? AND batch > ? ORDER BY batch", (producer, after))]
 
     def read_segments(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> Iterator[tuple[int, StoredRecord]]:
-        for batch, columns in self.read_segment_columns(stream, producer, after_batch, upto_batch):
-            for r in zip(*columns):
+        for batch, seg in self.read_segment_columns(stream, producer, after_batch, upto_batch):
+            for r in zip(seg.keys, seg.values, seg.timestamps, seg.ids):
                 yield batch, StoredRecord(*r)
 
     def read_segment_columns(self, stream: str, producer: str, after_batch: int,

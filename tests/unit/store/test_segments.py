@@ -1,5 +1,6 @@
 """store/segments.py: a segment is an Arrow IPC stream of (key, pickled value, timestamp, id) that
-gives back exactly the records it was given."""
+gives back exactly the records it was given; a typed stream's segment keeps its values' fields as
+columns too, when every value fits its schema exactly."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.engine import Production
-from headrace.store.segments import SEGMENT_SCHEMA, decode_segment, encode_segment, segment_rows
+from headrace.schema import StreamSchema
+from headrace.store.segments import SEGMENT_SCHEMA, decode_segment, encode_segment, segment_columns, segment_rows
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -74,3 +77,57 @@ def test_the_arrow_schema() -> None:
     table = decode_segment(encode_segment([Production("s", None, 1, 2, "i")]))
     assert table.schema == SEGMENT_SCHEMA
     assert table.column("key").null_count == 1
+
+
+SCHEMA = StreamSchema("user STRING, n BIGINT, score DOUBLE, tags ARRAY<STRING>")
+
+
+def typed(values: list[Any]) -> list[Production]:
+    return [Production("clicks", None, v, i, f"inject:clicks:1:{i}") for i, v in enumerate(values)]
+
+
+def test_a_typed_streams_segment_keeps_its_fields_as_columns_too() -> None:
+    values = [{"user": "ada", "n": 3, "score": 0.5, "tags": ["a"]}, {"user": "bob", "n": -(2**63)},
+              {"user": "cy", "n": 2**63 - 1, "score": 2, "tags": []}]
+    seg = segment_columns(encode_segment(typed(values), SCHEMA))
+    assert seg.fields_schema == SCHEMA.ddl
+    assert seg.field("user", str) == ["ada", "bob", "cy"]
+    assert seg.field("n", int) == [3, -(2**63), 2**63 - 1]
+    assert seg.field("n", str) is None and seg.field("user", int) is None  # not of that kind
+    assert seg.field("score", int) is None  # a DOUBLE field is neither
+    assert seg.field("tags", str) is None  # nor is a list, and a value has no tags: a null
+    assert seg.field("nope", int) is None
+    assert seg.values == values  # the values themselves are untouched: no field added, 2 stays an int
+    assert seg.values[2]["score"] == 2 and type(seg.values[2]["score"]) is int
+    assert segment_rows(encode_segment(typed(values), SCHEMA)) == rows_of(typed(values))
+
+
+def test_values_are_unpickled_only_where_asked() -> None:
+    values = [{"user": f"u{i}", "n": i} for i in range(5)]
+    seg = segment_columns(encode_segment(typed(values), SCHEMA))
+    assert seg.values_at([3, 0]) == [values[3], values[0]]
+    assert seg._values is None  # nothing else was unpickled
+    assert seg.values == values
+    assert seg.values_at([4]) == [values[4]]
+    assert len(seg) == 5
+
+
+@pytest.mark.parametrize("odd, why", [
+    ({"user": "ada", "n": 3.0}, "a float in a BIGINT field would read back as the int 3"),
+    ({"user": b"ada", "n": 3}, "bytes in a STRING field would read back as a str"),
+    ({"user": "ada", "n": 3, "extra": 1}, "a field the schema does not have: the value does not fit"),
+    ({"user": "ada", "n": "3"}, "a str in a BIGINT field: the value does not fit"),
+    ("ada", "not a dict"),
+])
+def test_a_segment_whose_values_do_not_all_fit_exactly_keeps_no_field_columns(odd: Any, why: str) -> None:
+    values = [{"user": "bob", "n": 1}, odd]
+    seg = segment_columns(encode_segment(typed(values), SCHEMA))
+    assert seg.fields_schema is None, why
+    assert seg.field("user", str) is None
+    assert seg.values == values  # every value still exactly as it was written
+
+
+def test_an_untyped_segment_has_no_field_columns() -> None:
+    seg = segment_columns(encode_segment(typed([{"user": "ada", "n": 1}])))
+    assert seg.fields_schema is None and seg.field("n", int) is None
+    assert decode_segment(encode_segment(typed([{"user": "ada", "n": 1}]))).schema == SEGMENT_SCHEMA
