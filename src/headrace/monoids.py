@@ -39,6 +39,9 @@ class Field:
     __slots__ = ("name",)
 
     def __init__(self, name: str):
+        if not isinstance(name, str) or not name:
+            raise OptionError("field(name) takes the name of a field of the records' values", got=name,
+                              hint='e.g. lift = field("n")')
         self.name = name
 
     def __call__(self, record: Record) -> Any:
@@ -75,6 +78,9 @@ class Tumbling:
     __slots__ = ("size",)
 
     def __init__(self, size: int):
+        if type(size) is not int or size <= 0:
+            raise OptionError("tumbling(size) takes a window length in milliseconds, a positive int", got=size,
+                              hint="e.g. window = tumbling(60_000) for one-minute windows")
         self.size = size
 
     def __call__(self, record: Record) -> int:
@@ -86,18 +92,15 @@ class Tumbling:
 
 
 def field(name: str) -> Field:
-    if not isinstance(name, str) or not name:
-        raise OptionError("field(name) takes the name of a field of the records' values", got=name,
-                          hint='e.g. lift = field("n")')
+    """``lift = field(name)``: a record's part is its value's field ``name``."""
     return Field(name)
 
 
 def constant(value: Any) -> Constant:
+    """``lift = constant(value)``: every record's part is ``value`` (``constant(1)``: a count)."""
     return Constant(value)
 
 
 def tumbling(size: int) -> Tumbling:
-    if type(size) is not int or size <= 0:
-        raise OptionError("tumbling(size) takes a window length in milliseconds, a positive int", got=size,
-                          hint="e.g. window = tumbling(60_000) for one-minute windows")
+    """``window = tumbling(size)``: back-to-back windows of ``size`` ms, each emitted at its end."""
     return Tumbling(size)

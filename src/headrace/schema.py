@@ -9,6 +9,7 @@ dead-lettered with the reason under ``on_error="dead_letter"``), and the stream'
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, Iterable, Sequence
 
@@ -138,6 +139,8 @@ class StreamSchema:
         if len(self.arrow) == 0:
             raise OptionError("A stream schema needs at least one field", got=schema, hint="e.g. schema='n BIGINT'")
         self.ddl = ddl(self.arrow)
+        # the schema exactly (the DDL drops NOT NULL, timestamp units...): what a segment's field columns name
+        self.fingerprint = hashlib.sha256(self.arrow.serialize().to_pybytes()).hexdigest()
         self.struct = pa.struct(list(self.arrow))
         self.struct_ddl = _type_ddl(self.struct)
         self._names = set(self.arrow.names)

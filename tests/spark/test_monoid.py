@@ -55,7 +55,7 @@ def test_builtin_monoids_fold_a_typed_stream_from_its_columns_and_equal_the_plai
     store = open_store(url)
     try:
         segments = store.segment_blobs("events", store.stream_producers("events")[0], 0, 10**9)
-        assert segments and all(segment_columns(blob).fields_schema == StreamSchema(EVENT_SCHEMA).ddl for _, _, blob in segments)
+        assert segments and all(segment_columns(blob).fields_schema == StreamSchema(EVENT_SCHEMA).fingerprint for _, _, blob in segments)
         for name in ("BuiltinCount", "BuiltinWindowSum"):
             assert store.counters(name)["records"] == len(events)
     finally:

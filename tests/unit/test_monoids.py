@@ -7,7 +7,7 @@ import pytest
 
 from headrace.errors import BadInputError, OptionError
 from headrace.model import Record
-from headrace.monoids import constant, field, tumbling
+from headrace.monoids import Tumbling, constant, field, tumbling
 
 
 def test_each_hook_gives_what_its_hand_written_method_gives() -> None:
@@ -31,6 +31,8 @@ def test_a_window_length_must_be_a_positive_int(size: object) -> None:
     with pytest.raises(OptionError, match=r"^tumbling\(size\) takes a window length in milliseconds, a positive int "
                                           rf"\(got {size!r}\)\. Hint: e\.g\. window = tumbling\(60_000\)"):
         tumbling(size)  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match=r"^tumbling\(size\) takes a window length"):
+        Tumbling(size)  # type: ignore[arg-type]  # built directly, the same check
 
 
 def test_a_field_needs_a_name() -> None:

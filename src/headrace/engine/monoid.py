@@ -59,7 +59,7 @@ class Folder:
     def add_columns(self, keys: Sequence[str], parts: Sequence[Any], timestamps: Sequence[int],
                     rows: Sequence[int]) -> list[int]:
         """``add_many`` for a ``columnar`` monoid, its records' parts already a column (``parts``, an
-        ``int`` each, or None for ``constant``): what ``add_many`` folds, with no call per record.
+        ``int`` each; unread for ``constant``): what ``add_many`` folds, with no call per record.
         Returns the late rows, which travel alone."""
         plan = self.columnar
         assert plan is not None, "add_columns is for a monoid with columnar hooks"
@@ -86,11 +86,11 @@ class Folder:
                 else:
                     total[0] += part
                     total[1] += 1
-        slots, zero = self.slots, self._zero
+        slots, zero = self.slots, plan.zero
         for slot, (total, n) in totals.items():
             had = slots.get(slot)
             if had is None:
-                slots[slot] = [self.combine(slot[0], zero(), total), n]
+                slots[slot] = [self.combine(slot[0], zero, total), n]
             else:
                 had[0] = self.combine(slot[0], had[0], total)
                 had[1] += n
@@ -156,19 +156,26 @@ class Folder:
 
 class ColumnarFold(NamedTuple):
     """How a monoid folds whole columns: its part is field ``field`` of each value (an ``int``), or
-    ``constant`` for every record; its windows are ``tumbling(window)``, or one per key (None)."""
+    ``constant`` for every record (0 for a field); its windows are ``tumbling(window)``, or one per
+    key (None)."""
 
     field: str | None
     constant: int
     window: int | None
+    zero: int  # the monoid's zero(), an int (ints are immutable: one serves every slot)
 
 
 def columnar_fold(monoid: MonoidComputation) -> ColumnarFold | None:
-    """The monoid's ``ColumnarFold`` when its hooks are ``headrace.monoids``' (``combine`` being
-    ``operator.add``, and ``zero`` anything); None when it folds one record at a time."""
+    """The monoid's ``ColumnarFold`` when its hooks are ``headrace.monoids``', ``combine`` is
+    ``operator.add`` and ``zero()`` an ``int``; None when it folds one record at a time."""
     cls = type(monoid)
-    if cls.combine is not operator.add:
+    if monoid.combine is not operator.add:
         return None
+    try:
+        if type(monoid.zero()) is not int:  # adding a column's ints first, then to zero, is exact for ints only
+            return None
+    except Exception:
+        return None  # the per-record path reports it
     lift, window = monoid.lift, monoid.window
     if cls.window is MonoidComputation.window:
         size = None
@@ -177,9 +184,9 @@ def columnar_fold(monoid: MonoidComputation) -> ColumnarFold | None:
     else:
         return None
     if type(lift) is Field:
-        return ColumnarFold(lift.name, 0, size)
+        return ColumnarFold(lift.name, 0, size, monoid.zero())
     if type(lift) is Constant and type(lift.value) is int:
-        return ColumnarFold(None, lift.value, size)
+        return ColumnarFold(None, lift.value, size, monoid.zero())
     return None
 
 
@@ -193,7 +200,7 @@ def columnar_parts(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns,
     plan = folder.columnar
     if plan is None or extractor.field is None or seg.fields_schema is None:
         return None
-    if schema is not None and schema.ddl != seg.fields_schema:
+    if schema is not None and schema.fingerprint != seg.fields_schema:
         return None
     keys = seg.field(extractor.field, str)
     parts = keys if plan.field is None else seg.field(plan.field, int)

@@ -42,8 +42,8 @@ class StoredRecord(NamedTuple):
 class SegmentColumns(Protocol):
     """One segment's records as columns (``StoredRecord``'s fields, a list each). ``values`` are
     unpickled on first use, or only at some rows (``values_at``). A typed stream's segment may
-    keep its values' fields as columns too (``fields_schema``, the schema they were written
-    with): ``field`` reads one without unpickling any value."""
+    keep its values' fields as columns too (``fields_schema``, the fingerprint of the schema they
+    were written with): ``field`` reads one without unpickling any value."""
 
     keys: list[str | None]
     timestamps: list[int]

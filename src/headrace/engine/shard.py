@@ -23,7 +23,7 @@ _UNSET: Any = object()
 class ValueCheck(Protocol):
     """A typed stream's schema as the engine sees it (``headrace.schema.StreamSchema``)."""
 
-    ddl: str  # the schema as Spark DDL: segments name the schema their field columns were written with
+    fingerprint: str  # the schema exactly: segments name the schema their field columns were written with
 
     def misfits(self, values: Sequence[Any]) -> list[int]:
         """The positions of the values that do not fit."""

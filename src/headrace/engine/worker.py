@@ -278,7 +278,7 @@ class Worker:
                         keyed if keyed is not None  # else some record has no key: find which, fail or dead-letter it
                         else self._key_each(plan, stream, extractor, producer, batch, seg, fences, rejected))
                     schema = plan.schemas.get(stream)
-                    if schema is not None and seg.fields_schema == schema.ddl:
+                    if schema is not None and seg.fields_schema == schema.fingerprint:
                         schema, make = None, CheckedRecord  # its writer checked every value against it
                     else:
                         make = InputRecord

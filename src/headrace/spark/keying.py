@@ -18,7 +18,7 @@ from ..engine.monoid import Folder, columnar_parts
 from ..engine.shard import ValueCheck
 from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import KeyExtractor, MonoidComputation
-from ..store.segments import DecodedSegment
+from ..store.segments import FIELDS, DecodedSegment
 
 __all__ = ["Keying", "SOURCE_SCHEMA", "KEYED_SCHEMA", "KEYED_DDL", "ddl", "RECORD", "CONTROL", "REJECTED", "PARTIAL",
            "partition_labels",
@@ -122,7 +122,7 @@ class Keying:
     def fold_fields(self, table: pa.Table, stream: str, folder: Folder) -> pa.Table:
         """A typed stream's segment folded from its field columns when it can be
         (``columnar_parts``): the rows left to key (late ones); else the whole segment."""
-        if stream not in self.fold_streams:
+        if stream not in self.fold_streams or FIELDS not in table.schema.names:
             return table
         seg = DecodedSegment(table)
         columns = columnar_parts(folder, self.extractors[stream], seg, self.schemas.get(stream))

@@ -19,7 +19,7 @@ __all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows",
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
 FIELDS = "fields"
-_SCHEMA_KEY = b"headrace.fields"  # the field columns' schema (Spark DDL), in the Arrow schema's metadata
+_SCHEMA_KEY = b"headrace.fields"  # the field columns' schema (its fingerprint), in the Arrow schema's metadata
 
 
 def encode_segment(records: list[Production], schema: StreamSchema | None = None) -> bytes:
@@ -37,7 +37,7 @@ def encode_segment(records: list[Production], schema: StreamSchema | None = None
     if fields is not None:
         columns[FIELDS] = fields
         arrow_schema = SEGMENT_SCHEMA.append(pa.field(FIELDS, fields.type)).with_metadata(
-            {_SCHEMA_KEY: schema.ddl.encode()})  # type: ignore[union-attr]
+            {_SCHEMA_KEY: schema.fingerprint.encode()})  # type: ignore[union-attr]
     table = pa.table(columns, schema=arrow_schema)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, arrow_schema) as writer:
@@ -46,10 +46,13 @@ def encode_segment(records: list[Production], schema: StreamSchema | None = None
 
 
 def exact_fields(values: Sequence[Any], schema: StreamSchema) -> pa.StructArray | None:
-    """The values' fields as one struct column, when each value fits ``schema`` and each of its
+    """The values' fields as one struct column, when each value is a plain ``dict`` that fits
+    ``schema`` and each of its
     integer and string fields holds exactly a Python ``int`` or ``str``: a reader of these columns
     then sees what a reader of the unpickled values sees (a ``3.0`` in a BIGINT field would read
     back as ``3``, and so leaves the segment without field columns)."""
+    if not all(type(v) is dict for v in values):  # a dict subclass may read its fields otherwise
+        return None
     column = schema.column(values)
     if column is None:
         return None

@@ -56,8 +56,9 @@ class OddWindows(Tumbling):
 
 
 def test_only_the_ready_made_hooks_with_operator_add_fold_columns() -> None:
-    assert columnar_fold(Sum()) == ColumnarFold("n", 0, 1_000)
-    assert columnar_fold(Count()) == ColumnarFold(None, 1, None)
+    assert columnar_fold(Sum()) == ColumnarFold("n", 0, 1_000, 0)
+    assert columnar_fold(Count()) == ColumnarFold(None, 1, None, 0)
+    assert columnar_fold(type("FloatZero", (Sum,), {"zero": lambda self: 0.0})()) is None  # float sums depend on order
     assert columnar_fold(HandWrittenSum()) is None  # a combine of its own: called per record
     assert columnar_fold(type("Bools", (Count,), {"lift": constant(True)})()) is None  # not an int
     assert columnar_fold(type("Odd", (Sum,), {"window": OddWindows(1_000)})()) is None  # not tumbling's window
@@ -100,6 +101,8 @@ def test_columns_are_read_only_when_the_result_is_sure_to_be_the_same() -> None:
         "a key function": (folder, key_by(lambda v: v["key"]), segment(good), None),
         "an untyped segment": (folder, by_key, segment(good, None), None),
         "another schema than the reader's": (folder, by_key, segment(good), StreamSchema("key STRING, n BIGINT, ts INT")),
+        "a schema that differs only in NOT NULL": (folder, by_key, segment(good),
+                                                   StreamSchema("key STRING NOT NULL, n BIGINT, ts BIGINT")),
         "a key field that is no str": (folder, key_by("n"), segment(good), None),
         "a null part (nullable n)": (folder, by_key, segment([*good, {"key": "c", "ts": 7}]), None),
         "a part that is no int": (Folder(type("F", (Sum,), {"lift": field("f")})(), "m", 0), by_key,

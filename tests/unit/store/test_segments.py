@@ -79,6 +79,10 @@ def test_the_arrow_schema() -> None:
     assert table.column("key").null_count == 1
 
 
+class Fields(dict):
+    pass
+
+
 SCHEMA = StreamSchema("user STRING, n BIGINT, score DOUBLE, tags ARRAY<STRING>")
 
 
@@ -90,7 +94,7 @@ def test_a_typed_streams_segment_keeps_its_fields_as_columns_too() -> None:
     values = [{"user": "ada", "n": 3, "score": 0.5, "tags": ["a"]}, {"user": "bob", "n": -(2**63)},
               {"user": "cy", "n": 2**63 - 1, "score": 2, "tags": []}]
     seg = segment_columns(encode_segment(typed(values), SCHEMA))
-    assert seg.fields_schema == SCHEMA.ddl
+    assert seg.fields_schema == SCHEMA.fingerprint
     assert seg.field("user", str) == ["ada", "bob", "cy"]
     assert seg.field("n", int) == [3, -(2**63), 2**63 - 1]
     assert seg.field("n", str) is None and seg.field("user", int) is None  # not of that kind
@@ -118,6 +122,7 @@ def test_values_are_unpickled_only_where_asked() -> None:
     ({"user": "ada", "n": 3, "extra": 1}, "a field the schema does not have: the value does not fit"),
     ({"user": "ada", "n": "3"}, "a str in a BIGINT field: the value does not fit"),
     ("ada", "not a dict"),
+    (Fields(user="ada", n=3), "a dict subclass: reading its fields may differ from reading the columns"),
 ])
 def test_a_segment_whose_values_do_not_all_fit_exactly_keeps_no_field_columns(odd: Any, why: str) -> None:
     values = [{"user": "bob", "n": 1}, odd]
