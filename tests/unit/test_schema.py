@@ -132,3 +132,18 @@ def test_the_misfits_of_many_values_are_those_check_refuses() -> None:
     assert schema.misfits(good) == [] and schema.misfits([]) == []
     values = [*good, {"user": "dee", "n": "two"}, ["eve", 3], {"user": "fay", "x": 1}, {"n": 4}, {"user": "gus", "n": 5}]
     assert schema.misfits(values) == [i for i, v in enumerate(values) if schema.check(v) is not None] == [3, 4, 5, 6]
+
+
+def test_when_the_column_check_raises_each_value_is_checked_on_its_own() -> None:
+    h = Harness(CountPerKey, schemas={"input": "n BIGINT"}, on_error="dead_letter")
+
+    def raising(values: Any) -> list[int]:
+        raise RuntimeError("a conversion that raised outside Arrow's errors")
+
+    h.schemas["input"].misfits = raising  # type: ignore[method-assign]
+    h.process("k", {"n": 1}, 5, id="r1")
+    h.process("k", {"m": 1}, 6, id="r2")
+    assert h.state("k") == 1  # the one that fits was processed, the misfit dead-lettered with its reason
+    assert [(v["record_id"], v["error"]) for v in (r.value for r in h.productions("CountPerKey.dead_letter"))] == [
+        ("r2", "SchemaMismatchError: A value produced to typed stream 'input' does not fit its schema: field 'm' is "
+               "not in the schema (`n` BIGINT) (got {'m': 1}). Hint: produce a dict with the fields `n` BIGINT")]

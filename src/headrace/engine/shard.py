@@ -200,17 +200,21 @@ def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate
     return records, seen_ids
 
 
-def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]]:
+def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]] | None:
     """(stream, id) of the records whose value does not fit their typed stream: one check of each
-    stream's column of values, rather than one per value."""
+    stream's column of values, rather than one per value. None if that check raised: each record
+    is then checked on its own, where its error is its own (failed or dead-lettered)."""
     if not checks:
         return set()
     by_stream: dict[str, list[InputRecord]] = {}
     for r in records:
         if r.stream in checks and type(r) is not CheckedRecord:
             by_stream.setdefault(r.stream, []).append(r)
-    return {(stream, rs[i].id) for stream, rs in by_stream.items()
-            for i in checks[stream].misfits([r.value for r in rs])}
+    try:
+        return {(stream, rs[i].id) for stream, rs in by_stream.items()
+                for i in checks[stream].misfits([r.value for r in rs])}
+    except Exception:
+        return None
 
 
 def _group_by_key(records: list[InputRecord]) -> dict[str, list[InputRecord]]:
@@ -284,7 +288,8 @@ def process_shard(
             ctx._timestamp = r.timestamp
             point = ctx.savepoint() if dead_letters else None
             try:
-                if misfits and (r.stream, r.id) in misfits:
+                if (misfits is None and r.stream in checks and type(r) is not CheckedRecord
+                        or misfits and (r.stream, r.id) in misfits):
                     checks[r.stream].require(r.stream, r.value)
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id))
             except Exception as exc:
