@@ -168,25 +168,25 @@ class ColumnarFold(NamedTuple):
 def columnar_fold(monoid: MonoidComputation) -> ColumnarFold | None:
     """The monoid's ``ColumnarFold`` when its hooks are ``headrace.monoids``', ``combine`` is
     ``operator.add`` and ``zero()`` an ``int``; None when it folds one record at a time."""
-    cls = type(monoid)
     if monoid.combine is not operator.add:
         return None
     try:
-        if type(monoid.zero()) is not int:  # adding a column's ints first, then to zero, is exact for ints only
-            return None
+        zero = monoid.zero()
     except Exception:
         return None  # the per-record path reports it
+    if type(zero) is not int:  # adding a column's ints first, then to zero, is exact for ints only
+        return None
     lift, window = monoid.lift, monoid.window
-    if cls.window is MonoidComputation.window:
+    if type(monoid).window is MonoidComputation.window:
         size = None
     elif type(window) is Tumbling:
         size = window.size
     else:
         return None
     if type(lift) is Field:
-        return ColumnarFold(lift.name, 0, size, monoid.zero())
+        return ColumnarFold(lift.name, 0, size, zero)
     if type(lift) is Constant and type(lift.value) is int:
-        return ColumnarFold(None, lift.value, size, monoid.zero())
+        return ColumnarFold(None, lift.value, size, zero)
     return None
 
 

@@ -40,15 +40,20 @@ class StoredRecord(NamedTuple):
 
 
 class SegmentColumns(Protocol):
-    """One segment's records as columns (``StoredRecord``'s fields, a list each). ``values`` are
-    unpickled on first use, or only at some rows (``values_at``). A typed stream's segment may
-    keep its values' fields as columns too (``fields_schema``, the fingerprint of the schema they
-    were written with): ``field`` reads one without unpickling any value."""
+    """One segment's records as columns (``StoredRecord``'s fields, a list each). ``keys``,
+    ``ids`` and ``values`` are read on first use (values unpickled), or only at some rows
+    (``values_at``). A typed stream's segment may keep its values' fields as columns too
+    (``fields_schema``, the fingerprint of the schema they were written with): ``field`` reads
+    one without unpickling any value."""
 
-    keys: list[str | None]
     timestamps: list[int]
-    ids: list[str]
     fields_schema: str | None
+
+    @property
+    def keys(self) -> list[str | None]: ...
+
+    @property
+    def ids(self) -> list[str]: ...
 
     @property
     def values(self) -> list[Any]: ...

@@ -71,18 +71,30 @@ class DecodedSegment:
     """A segment's columns as lists (``engine.ports.SegmentColumns``): values unpickled on first
     use, or only at the rows asked for; a typed stream's fields read as columns without them."""
 
-    __slots__ = ("keys", "timestamps", "ids", "fields_schema", "_table", "_values", "_fields")
+    __slots__ = ("timestamps", "fields_schema", "_table", "_keys", "_ids", "_values", "_fields")
 
     def __init__(self, table: pa.Table):
         self._table = table
-        self.keys: list[str | None] = table.column("key").to_pylist()
         self.timestamps: list[int] = table.column("timestamp").to_pylist()
-        self.ids: list[str] = table.column("id").to_pylist()
+        self._keys: list[str | None] | None = None
+        self._ids: list[str] | None = None
         meta = table.schema.metadata or {}
         self.fields_schema: str | None = (meta[_SCHEMA_KEY].decode()
                                           if FIELDS in table.schema.names and _SCHEMA_KEY in meta else None)
         self._values: list[Any] | None = None
         self._fields: dict[tuple[str, type], list[Any] | None] = {}
+
+    @property
+    def keys(self) -> list[str | None]:  # the producers' key hints: a fold from field columns never reads them
+        if self._keys is None:
+            self._keys = self._table.column("key").to_pylist()
+        return self._keys
+
+    @property
+    def ids(self) -> list[str]:  # read by a fold from field columns only for its late records
+        if self._ids is None:
+            self._ids = self._table.column("id").to_pylist()
+        return self._ids
 
     @property
     def values(self) -> list[Any]:
@@ -113,7 +125,7 @@ class DecodedSegment:
         return self._fields[(name, kind)]
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.timestamps)
 
 
 def segment_columns(data: bytes) -> DecodedSegment:
