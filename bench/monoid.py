@@ -2,7 +2,7 @@
 a Zipf-skewed input, same input, same run, in both execution modes.
 
     .venv/bin/python bench/monoid.py                    # 500,000 records over 5,000 keys (Zipf)
-    .venv/bin/python bench/monoid.py --quick            # 50,000 records, a smoke run
+    .venv/bin/python bench/monoid.py --quick            # 50,000 records, each variant once: a smoke run
     .venv/bin/python bench/monoid.py --modes microbatch
 
 The equal work, for every variant:
@@ -26,7 +26,9 @@ The equal work, for every variant:
   which folds whole field columns of the typed stream.
 The SparkSession is shared and warmed up by a small run of each variant; start-up is excluded.
 Each variant's run over 2,000 records is timed too, as its fixed cost: the script prints the ratios
-of the whole runs, and again with that fixed cost taken off each.
+of the whole runs, and again with that fixed cost taken off each. Each variant runs ``--repeat``
+times (3), the variants taking turns, and the ratios compare medians: on this 2-core machine one
+run of the same variant can take twice as long as the next.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import random
 import resource
 import shutil
 import sqlite3
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -170,6 +173,7 @@ def run_variant(spark: Any, cls: type[Computation], data: list[dict[str, Any]], 
     run(t, store=url, spark=spark, progress=None, mode=mode, **({"trigger_ms": 50} if mode == "microbatch" else {}))
     elapsed = time.perf_counter() - start
     out = list(read("out", url))
+    shutil.rmtree(folder)  # a copy of the bus per run: 36 of them would fill a small disk
     return elapsed, {(r.value["key"], r.value["end"]): r.value["value"] for r in out}, len(out)
 
 
@@ -181,10 +185,11 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--modes", default="microbatch,continuous")
-    parser.add_argument("--quick", action="store_true", help="50,000 records in batches of 10,000")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each variant; the medians are compared")
+    parser.add_argument("--quick", action="store_true", help="50,000 records in batches of 10,000, once each")
     args = parser.parse_args()
     if args.quick:
-        args.records, args.batch = 50_000, 10_000
+        args.records, args.batch, args.repeat = 50_000, 10_000, 1
     modes = args.modes.split(",")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"Spark {args.master}")
@@ -206,23 +211,30 @@ def main() -> None:
                                 1_000, 2, mode)
         for mode in modes:
             for what, classes in VARIANTS.items():
-                rates, net = [], []
-                for cls in classes:
-                    fixed, _, _ = run_variant(spark, cls, small, small_landed,
-                                              os.path.join(tmp, f"fixed-{mode}-{cls.__name__}"), 1_000, args.shards, mode)
-                    seconds, got, emitted = run_variant(spark, cls, data, landed,
-                                                        os.path.join(tmp, f"{mode}-{cls.__name__}"),
-                                                        args.batch, args.shards, mode)
-                    assert got == expected[what] and emitted == len(expected[what]), (
-                        f"{mode} {cls.__name__}: its output differs from the oracle")
-                    rates.append(args.records / seconds)
-                    net.append(args.records / max(seconds - fixed, 1e-3))
-                    print(f"  {mode} {what}: {cls.__name__}: {args.records / seconds:,.0f} records/s "
-                          f"({emitted:,} outputs equal to the oracle); a run of {len(small):,} records took "
-                          f"{fixed:.2f} s", flush=True)
+                wholes: dict[type, list[float]] = {cls: [] for cls in classes}
+                fixeds: dict[type, list[float]] = {cls: [] for cls in classes}
+                for rep in range(args.repeat):  # the variants take turns, so a slow spell hits each alike
+                    for cls in classes:
+                        fixed, _, _ = run_variant(spark, cls, small, small_landed,
+                                                  os.path.join(tmp, f"fixed-{mode}-{cls.__name__}-{rep}"), 1_000,
+                                                  args.shards, mode)
+                        seconds, got, emitted = run_variant(spark, cls, data, landed,
+                                                            os.path.join(tmp, f"{mode}-{cls.__name__}-{rep}"),
+                                                            args.batch, args.shards, mode)
+                        assert got == expected[what] and emitted == len(expected[what]), (
+                            f"{mode} {cls.__name__}: its output differs from the oracle")
+                        wholes[cls].append(seconds)
+                        fixeds[cls].append(fixed)
+                        print(f"  {mode} {what}: {cls.__name__}: {args.records / seconds:,.0f} records/s "
+                              f"({emitted:,} outputs equal to the oracle); a run of {len(small):,} records took "
+                              f"{fixed:.2f} s", flush=True)
+                rates = [args.records / statistics.median(wholes[cls]) for cls in classes]
+                net = [args.records / max(statistics.median(wholes[cls]) - statistics.median(fixeds[cls]), 1e-3)
+                       for cls in classes]
                 table.append((mode, what, rates, net))
     print()
-    print("ratio: each monoid's records/s divided by the plain computation's, same input, same run;")
+    print(f"ratio: each monoid's records/s divided by the plain computation's, same input, same run, each the "
+          f"median of {args.repeat} run(s);")
     print("hand-written: lift/window/combine as methods, folded a record at a time; built-in: headrace.monoids'")
     print("field/constant/tumbling and operator.add, folded from the typed stream's field columns")
     header = (f"{'mode':<11} {'workload':<13} {'plain rec/s':>12} {'hand-written':>13} {'built-in':>10} "

