@@ -24,7 +24,7 @@ from .shard import (KeyContext, ValueCheck, dead_letter_value, drop_duplicates, 
                     next_due, user_error)
 from .watermark import output_low_watermark
 
-__all__ = ["Folder", "ColumnarFold", "columnar_fold", "columnar_parts", "fold_streams", "preaggregate", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]
+__all__ = ["Folder", "ColumnarFold", "columnar_fold", "columnar_parts", "columnar_totals", "fold_streams", "preaggregate", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]
 
 TAG = "monoid:"
 COMPACT_EVERY = 32  # a shard's every 32nd batch folds each window's delta rows into one
@@ -74,8 +74,7 @@ class Folder:
         else:
             slot_keys = ((keys[i], timestamps[i] - timestamps[i] % size + size) for i in rows)
         if plan.field is None:  # a constant part: k records add up to k times it
-            totals: dict[tuple[str, int], list[int]] = {
-                slot: [n * plan.constant, n] for slot, n in Counter(slot_keys).items()}
+            totals: dict[tuple[str, int], list[int]] = {slot: [0, n] for slot, n in Counter(slot_keys).items()}
         else:
             totals = {}
             get = totals.get
@@ -86,15 +85,24 @@ class Folder:
                 else:
                     total[0] += part
                     total[1] += 1
-        slots, zero = self.slots, plan.zero
+        self.add_totals(totals)
+        return alone
+
+    def add_totals(self, totals: Mapping[tuple[str, int], Sequence[int]]) -> None:
+        """Fold a columnar monoid's records summed per (key, window) (``[part total, records]``,
+        as ``SegmentColumns.field_totals`` gives them; a constant part is counted, its total unread)."""
+        plan = self.columnar
+        assert plan is not None, "add_totals is for a monoid with columnar hooks"
+        slots, zero, constant = self.slots, plan.zero, plan.field is None
         for slot, (total, n) in totals.items():
+            if constant:
+                total = n * plan.constant
             had = slots.get(slot)
             if had is None:
                 slots[slot] = [self.combine(slot[0], zero, total), n]
             else:
                 had[0] = self.combine(slot[0], had[0], total)
                 had[1] += n
-        return alone
 
     def add_many(self, keys: Sequence[str], values: Sequence[Any], timestamps: Sequence[int], ids: Sequence[str],
                  rows: Iterable[int], schema: ValueCheck | None = None) -> list[int]:
@@ -205,6 +213,19 @@ def columnar_parts(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns,
     keys = seg.field(extractor.field, str)
     parts = keys if plan.field is None else seg.field(plan.field, int)
     return None if keys is None or parts is None else (keys, parts)
+
+
+def columnar_totals(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns, schema: ValueCheck | None,
+                    since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
+    """A typed stream's segment summed per (key, window) by the store's columns
+    (``SegmentColumns.field_totals``), for ``Folder.add_totals``, when every record is at or after
+    ``since`` (none is late for any folder); None when ``columnar_parts`` must fold it instead."""
+    plan = folder.columnar
+    if plan is None or extractor.field is None or seg.fields_schema is None:
+        return None
+    if schema is not None and schema.fingerprint != seg.fields_schema:
+        return None
+    return seg.field_totals(extractor.field, plan.field, plan.window, since)
 
 
 def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRecord], watermark_before: int,

@@ -65,6 +65,13 @@ class SegmentColumns(Protocol):
         columns and the field holds a ``kind`` (``int`` or ``str``) in every value; else None."""
         ...
 
+    def field_totals(self, key: str, part: str | None, window: int | None,
+                     since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
+        """Per (field ``key``, end of the record's tumbling ``window``, or END_OF_TIME when None):
+        the sum of int field ``part`` (0 when None) and the number of records; None, and the
+        caller folds ``field``'s lists instead, unless every record is at or after ``since``."""
+        ...
+
 
 class ShardStore(Protocol):
     """State, timers, seen ids and versions of key shards; the atomic commit of one shard's batch."""

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, TypeVar
 from ..errors import MISSING_MODULE_HINT, BadInputError, FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
 from .batch import CheckedRecord, InputRecord, ShardBatch, shard_of, shards_of
-from .monoid import Folder, columnar_parts, fold_streams
+from .monoid import Folder, columnar_parts, columnar_totals, fold_streams
 from .ports import Fence, IntervalClaim, IntervalStore, SegmentColumns, StoredRecord
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
 from .shard import ValueCheck
@@ -347,9 +347,23 @@ def _undecodable(name: str, stream: str, producer: str, where: str, exc: Excepti
 def _fold_fields(plan: IntervalPlan, stream: str, producer: str, batch: int, extractor: KeyExtractor,
                  seg: SegmentColumns, shards: set[int], folders: dict[int, Folder],
                  shard_ids: dict[str, int]) -> dict[int, list[InputRecord]] | None:
-    """A typed stream's segment folded from its field columns (``columnar_parts``); returns the
-    records that travel alone (late ones) by shard, or None: the segment takes the per-record path."""
-    columns = columnar_parts(next(iter(folders.values())), extractor, seg, plan.schemas.get(stream))
+    """A typed stream's segment folded from its field columns (summed by the store's columns,
+    ``columnar_totals``, or ``columnar_parts``' lists when some record may be late for one of
+    ``shards``); returns the records that travel alone (late ones) by shard, or None: the segment
+    takes the per-record path."""
+    first, schema = next(iter(folders.values())), plan.schemas.get(stream)
+    since = max((folders[s].before for s in shards), default=None)
+    totals = columnar_totals(first, extractor, seg, schema, since) if since is not None else None
+    if totals is not None:
+        mine: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
+        for (slot, summed), shard in zip(totals.items(), shards_of([k for k, _ in totals], plan.options.shards,
+                                                                     shard_ids)):
+            if shard in shards:
+                mine.setdefault(shard, {})[slot] = summed
+        for shard, owned in mine.items():
+            folders[shard].add_totals(owned)
+        return {}
+    columns = columnar_parts(first, extractor, seg, schema)
     if columns is None:
         return None
     keys, parts = columns

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from ..engine.batch import shard_of, shards_of
-from ..engine.monoid import Folder, columnar_parts
+from ..engine.monoid import Folder, columnar_parts, columnar_totals
 from ..engine.shard import ValueCheck
 from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import KeyExtractor, MonoidComputation
@@ -125,7 +125,12 @@ class Keying:
         if stream not in self.fold_streams or FIELDS not in table.schema.names:
             return table
         seg = DecodedSegment(table)
-        columns = columnar_parts(folder, self.extractors[stream], seg, self.schemas.get(stream))
+        extractor, schema = self.extractors[stream], self.schemas.get(stream)
+        totals = columnar_totals(folder, extractor, seg, schema, folder.before)
+        if totals is not None:  # no record late: all folded
+            folder.add_totals(totals)
+            return table.slice(0, 0)
+        columns = columnar_parts(folder, extractor, seg, schema)
         if columns is None:
             return table
         late = folder.add_columns(*columns, seg.timestamps, range(len(seg)))

@@ -11,6 +11,7 @@ import pickle
 from typing import Any, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..engine.batch import Production
 from ..schema import StreamSchema
@@ -71,11 +72,11 @@ class DecodedSegment:
     """A segment's columns as lists (``engine.ports.SegmentColumns``): values unpickled on first
     use, or only at the rows asked for; a typed stream's fields read as columns without them."""
 
-    __slots__ = ("timestamps", "fields_schema", "_table", "_keys", "_ids", "_values", "_fields")
+    __slots__ = ("fields_schema", "_table", "_timestamps", "_keys", "_ids", "_values", "_fields")
 
     def __init__(self, table: pa.Table):
         self._table = table
-        self.timestamps: list[int] = table.column("timestamp").to_pylist()
+        self._timestamps: list[int] | None = None
         self._keys: list[str | None] | None = None
         self._ids: list[str] | None = None
         meta = table.schema.metadata or {}
@@ -83,6 +84,12 @@ class DecodedSegment:
                                           if FIELDS in table.schema.names and _SCHEMA_KEY in meta else None)
         self._values: list[Any] | None = None
         self._fields: dict[tuple[str, type], list[Any] | None] = {}
+
+    @property
+    def timestamps(self) -> list[int]:  # a fold of totals (``field_totals``) never reads them as a list
+        if self._timestamps is None:
+            self._timestamps = self._table.column("timestamp").to_pylist()
+        return self._timestamps
 
     @property
     def keys(self) -> list[str | None]:  # the producers' key hints: a fold from field columns never reads them
@@ -124,8 +131,59 @@ class DecodedSegment:
             self._fields[(name, kind)] = found
         return self._fields[(name, kind)]
 
+    def field_totals(self, key: str, part: str | None, window: int | None,
+                     since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
+        """Per (field ``key``, window end): the sum of int field ``part`` (0 when None) and the
+        number of records, summed in Arrow; a record's window ends at ``ts - ts % window + window``
+        (one window, ``END_OF_TIME``, when ``window`` is None). None, and nothing summed, unless
+        every record is at or after ``since``, ``key`` holds a ``str`` and ``part`` an ``int`` in
+        every value (as ``field`` reads them), and no sum or window end can leave 64 bits: the
+        caller then folds the lists, a record at a time, with the same result."""
+        if self.fields_schema is None or len(self) == 0:
+            return None
+        from ..model import END_OF_TIME
+
+        struct = self._table.column(FIELDS).combine_chunks()
+        keys = _field_column(struct, key, pa.types.is_string)
+        parts = _field_column(struct, part, pa.types.is_integer) if part is not None else None
+        stamps = self._table.column("timestamp")
+        low, high = pc.min_max(stamps).values()
+        if keys is None or (part is not None and parts is None) or low.as_py() < since:
+            return None
+        try:
+            columns = {"key": keys}
+            if window is not None:  # floor division is truncation for the non-negative
+                if low.as_py() < 0:
+                    return None
+                columns["end"] = pc.add_checked(pc.multiply_checked(pc.divide(stamps, window), window), window)
+            if parts is not None:
+                lo, hi = (v.as_py() for v in pc.min_max(parts).values())
+                if max(abs(lo), abs(hi)) * len(parts) >= 1 << 63:
+                    return None
+                columns["part"] = pc.cast(parts, pa.int64())
+        except pa.ArrowInvalid:  # a window end past 64 bits
+            return None
+        groups = ["key", "end"] if window is not None else ["key"]
+        summed = pa.table(columns).group_by(groups).aggregate(
+            [("part", "sum"), ("part", "count")] if parts is not None else [("key", "count")])
+        ends = summed.column("end").to_pylist() if window is not None else None
+        totals = (summed.column("part_sum").to_pylist() if parts is not None
+                  else [0] * summed.num_rows)
+        counts = summed.column("part_count" if parts is not None else "key_count").to_pylist()
+        names = summed.column("key").to_pylist()
+        return {(k, ends[i] if ends is not None else END_OF_TIME): (totals[i], counts[i])
+                for i, k in enumerate(names)}
+
     def __len__(self) -> int:
-        return len(self.timestamps)
+        return self._table.num_rows
+
+
+def _field_column(struct: pa.StructArray, name: str, is_kind: Any) -> pa.Array | None:
+    at = struct.type.get_field_index(name)
+    if at < 0:
+        return None
+    column = struct.field(at)
+    return column if is_kind(column.type) and column.null_count == 0 else None
 
 
 def segment_columns(data: bytes) -> DecodedSegment:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from headrace import MonoidComputation, Topology, injectors, key_by
 from headrace.engine.batch import Production, id_prefix
-from headrace.engine.monoid import ColumnarFold, Folder, columnar_fold, columnar_parts
+from headrace.engine.monoid import ColumnarFold, Folder, columnar_fold, columnar_parts, columnar_totals
 from headrace.engine.worker import Worker, interval_producer
 from headrace.errors import UserCodeError
 from headrace.model import END_OF_TIME
@@ -111,6 +111,48 @@ def test_columns_are_read_only_when_the_result_is_sure_to_be_the_same() -> None:
     }
     for why, args in refused.items():
         assert columnar_parts(*args) is None, why
+        assert columnar_totals(*args, -10**18) is None, why
+    assert columnar_totals(folder, by_key, segment(good), None, 0) == {("a", 1_000): (1, 1), ("b", 1_000): (2, 1)}
+
+
+def stamped(rows: list[tuple[str, int, int]]) -> DecodedSegment:
+    """A typed segment of (key, timestamp, n) rows."""
+    records = [Production("events", None, {"key": k, "n": n, "ts": t}, t, f"{INJECTOR}:1:{i}")
+               for i, (k, t, n) in enumerate(rows)]
+    return segment_columns(encode_segment(records, StreamSchema(SCHEMA)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "é"]), st.integers(-3_000, 9_999),
+                               st.integers(-5, 9)), min_size=1, max_size=60),
+       since=st.integers(-4_000, 5_000), cls=st.sampled_from([Sum, Count]))
+def test_summing_in_the_stores_columns_equals_folding_the_lists(rows: list[tuple[str, int, int]], since: int,
+                                                                cls: type) -> None:
+    seg, by_key = stamped(rows), key_by("key")
+    by_totals, by_lists = Folder(cls(), "m", since), Folder(cls(), "m", since)
+    totals = columnar_totals(by_totals, by_key, seg, None, since)
+    keys, parts = columnar_parts(by_lists, by_key, seg, None)
+    late = by_lists.add_columns(keys, parts, seg.timestamps, range(len(rows)))
+    stamps = [t for _, t, _ in rows]
+    negative_window = cls is Sum and min(stamps) < 0  # Arrow divides by truncation: the lists fold those
+    assert (totals is None) == (bool(late) or negative_window)
+    assert bool(late) == (min(stamps) < since)
+    if totals is not None:
+        by_totals.add_totals(totals)
+        assert by_totals.slots == by_lists.slots
+
+
+def test_sums_that_could_leave_64_bits_are_folded_from_the_lists() -> None:
+    big = 2**62
+    seg = stamped([("a", 5, big), ("a", 6, big), ("a", 7, big)])
+    folder = Folder(Sum(), "m", 0)
+    assert columnar_totals(folder, key_by("key"), seg, None, 0) is None
+    keys, parts = columnar_parts(folder, key_by("key"), seg, None)
+    folder.add_columns(keys, parts, seg.timestamps, range(3))
+    assert folder.slots == {("a", 1_000): [3 * big, 3]}  # Python's ints: exact
+    half = big // 2  # |part| times the records stays under 2**63: summed in the columns
+    assert columnar_totals(folder, key_by("key"), stamped([("a", 5, half), ("b", 6, -half)]), None, 0) == {
+        ("a", 1_000): (half, 1), ("b", 1_000): (-half, 1)}
 
 
 # -- a continuous worker's pass ------------------------------------------------------------------
