@@ -131,8 +131,10 @@ class ComputationQuery:
     """Starts, runs and stops the streaming query of one computation."""
 
     def __init__(self, spark: Any, topology: Topology, spec: ComputationSpec, store_url: str,
-                 checkpoint_root: str, trigger_ms: int = 200, start: str = "beginning"):
+                 checkpoint_root: str, trigger_ms: int = 200, start: str = "beginning",
+                 on_batch: Callable[[], None] | None = None):
         self.spark = spark
+        self.on_batch = on_batch  # told after each batch's numbers are in ``stats``
         self.spec = spec
         self.url = store_url
         self.checkpoint = os.path.join(checkpoint_root, spec.name)
@@ -206,6 +208,8 @@ class ComputationQuery:
                 for k, v in json.loads(row.counters).items():
                     self.stats.counters[k] = self.stats.counters.get(k, 0) + v
             self.stats.last_batch_ms = (time.perf_counter() - began) * 1000
+        if self.on_batch is not None:
+            self.on_batch()
 
     def batch_records(self, batch_id: int) -> int | None:
         """How many records Spark batch ``batch_id`` reads: its offsets are in the query's offset log
@@ -235,7 +239,7 @@ class ComputationQuery:
             last = self.query.lastProgress
             if last is not None and last["batchId"] >= self.last_batch_id:
                 return
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     def stop(self) -> None:
         if self.query is not None:

@@ -206,6 +206,7 @@ class SparkRunner:
         self.errors: list[BaseException] = []
         self.watcher: Watcher | None = None
         self._started = 0.0
+        self._batch_done = threading.Event()  # wakes ``wait`` when a computation finishes a batch
 
     def _record_topology(self, store: Store) -> None:
         record_topology(store, self.topology, "microbatch", {s: self.topology.producers(s) for s in self.topology.streams()})
@@ -247,7 +248,7 @@ class SparkRunner:
             finally:
                 store.close()
         query = ComputationQuery(self.spark, self.topology, spec, self.url, self.checkpoint_root,
-                                 self.trigger_ms, str(start))
+                                 self.trigger_ms, str(start), on_batch=self._batch_done.set)
         query.start()
         self.queries[name] = query
         if self.with_progress:
@@ -295,7 +296,10 @@ class SparkRunner:
         """Block until drained (all injectors bounded), ``timeout_s`` passes, or Ctrl-C."""
         deadline = None if timeout_s is None else time.time() + timeout_s
         last_report = time.time()
-        while not self.drained():
+        while True:
+            self._batch_done.clear()  # before looking: a batch that ends after the look wakes the wait below
+            if self.drained():
+                break
             self.check()
             if deadline is not None and time.time() > deadline:
                 raise TimeoutError(f"topology {self.topology.name!r} did not drain in {timeout_s} s: "
@@ -304,7 +308,7 @@ class SparkRunner:
             if self.progress is not None and time.time() - last_report >= self.progress_every_s:
                 print(self.describe(), file=self.progress, flush=True)
                 last_report = time.time()
-            time.sleep(0.1)
+            self._batch_done.wait(0.1)
         for sink in self.sinks:
             sink.flush()
         for q in self.queries.values():
