@@ -1,7 +1,8 @@
 """The pipeline the chaos suite kills: an injector and three computations, one of them
-non-deterministic (random numbers and the wall clock); with ``monoids``, two more: monoid
+non-deterministic (random numbers and the wall clock); with ``monoids``, four more: monoid
 computations (their records folded before the shard, their state merged as delta rows,
-docs/architecture.md §3.13).
+docs/architecture.md §3.13), two with hooks of their own reading "tagged", and two built from
+``headrace.monoids`` reading "events", then a typed stream, folded from its field columns.
 
 As a script it is one driver life:
 ``python chaos_topology.py STORE_URL CHECKPOINTS PRODUCTIONS N [MODE [monoids]]`` (MODE: microbatch or
@@ -10,6 +11,7 @@ continuous).
 
 from __future__ import annotations
 
+import operator
 import random
 import sys
 import time
@@ -17,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from headrace import Computation, Topology, injectors, key_by
+from headrace.monoids import constant, field, tumbling
 
 sys.path.insert(0, str(Path(__file__).parents[2]))  # run as a script: the repository root, for tests.monoids
 from tests.monoids import Adding  # noqa: E402
 
 BASE = 1_700_000_000_000
 USERS = [f"user-{i}" for i in range(12)]
+EVENT_SCHEMA = "user STRING, n BIGINT, ts BIGINT"
 
 
 def events(n: int) -> list[dict[str, Any]]:
@@ -87,6 +91,26 @@ class UserSums(UserCount):
         ctx.produce("user_sums", {"user": ctx.key, "bucket": timer.timestamp - 100, "sum": aggregate})
 
 
+class EventCount(UserCount):
+    """The keyed count from ready-made hooks: folded from the typed events' columns."""
+
+    lift = constant(1)
+    combine = operator.add
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("event_counts", {"user": ctx.key, "count": aggregate})
+
+
+class EventSums(EventCount):
+    """The windowed sum from ready-made hooks: n per user and 100 ms bucket."""
+
+    lift = field("n")
+    window = tumbling(100)
+
+    def emit(self, ctx: Any, timer: Any, aggregate: int) -> None:
+        ctx.produce("event_sums", {"user": ctx.key, "bucket": timer.timestamp - 100, "sum": aggregate})
+
+
 def build(n: int, productions: str = "strong", rate: float = 400, monoids: bool = False,
           tagger: type[Tagger] = Tagger) -> Topology:
     t = Topology("chaos")
@@ -97,6 +121,9 @@ def build(n: int, productions: str = "strong", rate: float = 400, monoids: bool 
     if monoids:
         t.add(UserCount, inputs={"tagged": key_by("user")}, outputs=["user_counts"], shards=2)
         t.add(UserSums, inputs={"tagged": key_by("user")}, outputs=["user_sums"], shards=2)
+        t.stream("events", schema=EVENT_SCHEMA)
+        t.add(EventCount, inputs={"events": key_by("user")}, outputs=["event_counts"], shards=2)
+        t.add(EventSums, inputs={"events": key_by("user")}, outputs=["event_sums"], shards=2)
     return t
 
 

@@ -46,7 +46,8 @@ class Divergence:
     windows_twice: list[int] = field(default_factory=list)  # buckets emitted more than once
     # n whose tag in Tagger's state or in Collector's output is none of the tags "tagged" delivered for it
     tags_not_delivered: list[int] = field(default_factory=list)
-    # the monoids' outputs where they are not, once each, the plain fold of what "tagged" delivered:
+    # the monoids' outputs where they are not, once each, the plain fold of what they read ("tagged"
+    # as delivered, or the injected events):
     # (stream, key, what it emitted for the key)
     monoids: list[tuple[str, Any, list[int]]] = field(default_factory=list)
 
@@ -119,7 +120,8 @@ class Monkey:
         finally:
             store.close()
         return all(name in heads and heads[name].input_watermark == END_OF_TIME
-                   for name in ("Tagger", "Collector", "Windows", *(("UserCount", "UserSums") if self.monoids else ())))
+                   for name in ("Tagger", "Collector", "Windows",
+                                *(("UserCount", "UserSums", "EventCount", "EventSums") if self.monoids else ())))
 
     def kill_driver(self) -> None:
         assert self.driver is not None
@@ -188,14 +190,18 @@ class Monkey:
     def divergence(self) -> Divergence:
         data = events(self.n)
         delivered: dict[int, list[float]] = defaultdict(list)  # n -> the tag of each of its copies in "tagged"
-        folds: dict[str, Counter[Any]] = {"user_counts": Counter(), "user_sums": Counter()}  # over every copy
-        for r in read("tagged", self.store):
+        folds: dict[str, Counter[Any]] = {s: Counter() for s in ("user_counts", "user_sums", "event_counts", "event_sums")}
+        for r in read("tagged", self.store):  # over every copy
             delivered[r.value["n"]].append(r.value["tag"])
             folds["user_counts"][r.value["user"]] += 1
             folds["user_sums"][(r.value["user"], bucket(r.value["ts"]))] += r.value["n"]
+        for e in data:  # the built-in monoids read the events themselves
+            folds["event_counts"][e["user"]] += 1
+            folds["event_sums"][(e["user"], bucket(e["ts"]))] += e["n"]
         monoids = []
-        for stream, key, value in (("user_counts", ("user",), "count"), ("user_sums", ("user", "bucket"), "sum"))[
-                :2 if self.monoids else 0]:
+        for stream, key, value in (("user_counts", ("user",), "count"), ("user_sums", ("user", "bucket"), "sum"),
+                                   ("event_counts", ("user",), "count"), ("event_sums", ("user", "bucket"), "sum"))[
+                :4 if self.monoids else 0]:
             emitted: dict[Any, list[int]] = defaultdict(list)
             for r in read(stream, self.store):
                 emitted[tuple(r.value[k] for k in key) if len(key) > 1 else r.value[key[0]]].append(r.value[value])
@@ -281,11 +287,13 @@ def test_chaos_catches_weak_productions_in_non_deterministic_code(tmp_path: Path
 
 @pytest.mark.slow
 def test_chaos_monoids_equal_the_plain_fold_of_what_they_read(tmp_path: Path, store_url: str, mode: str) -> None:
-    """The pipeline plus a monoid keyed count and a monoid windowed sum, in each mode, under kills
-    of all three kinds: every monoid output equals the plain fold of "tagged", once each, and the
-    rest of the pipeline still equals its oracle."""
+    """The pipeline plus a monoid keyed count and a monoid windowed sum, with hooks of their own and
+    built-in (folded from the typed events' columns), in each mode, under kills of all three kinds:
+    every monoid output equals, once each, the plain fold of what it read, and the rest of the
+    pipeline still equals its oracle."""
     monkey = chaos(tmp_path, store_url, kills=6, n=10_000, mode=mode, monoids=True)
     assert sum(monkey.kills.values()) == 6 and set(monkey.kills) == set(KINDS), monkey.kills
     found = monkey.divergence()
     assert found == Divergence()
     assert len(list(read("user_counts", store_url))) == len(USERS)  # the check above saw every user
+    assert len(list(read("event_counts", store_url))) == len(USERS)

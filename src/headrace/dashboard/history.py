@@ -56,6 +56,14 @@ class History:
     def __init__(self, store: Store, window_ms: int = 5 * 60_000):
         self.store, self.window_ms = store, window_ms
         self._journals: dict[str, list[BatchInfo]] = {}
+        self._since: dict[str, int] = {}  # per topology: where its last window began
+
+    def end_of_window(self, graph: dict[str, Any], now_ms: int) -> int:
+        """``now_ms``, or for a topology that journaled nothing in the last window (a run that has
+        ended) the moment just after its last batch: the plots show its last minutes, not nothing."""
+        producers = [p for i in graph["injectors"].values() for p in i["parts"]] + list(graph["computations"])
+        last = max((b.completed_at for b in map(self.store.latest_batch, producers) if b is not None), default=None)
+        return last + POINT_MS if last is not None and last + POINT_MS < now_ms - self.window_ms else now_ms
 
     def _journal(self, producer: str, since_ms: int) -> list[BatchInfo]:
         """``producer``'s batches completed since ``since_ms``, and the one before (where it stood then)."""
@@ -71,8 +79,13 @@ class History:
     def series(self, graph: dict[str, Any], now_ms: int) -> dict[str, Any]:
         """For one recorded topology graph: ``watermarks``, per stage, times and low watermarks (None
         at the beginning or end of time), and times and lags behind its injectors in ms (the same
-        times, and now); ``throughput``, per stage, times, records/s and backlog."""
+        times, and now); ``throughput``, per stage, times, records/s and backlog. The window ends at
+        ``end_of_window``; ``until_ms`` says where."""
+        now_ms = self.end_of_window(graph, now_ms)
         since = now_ms - self.window_ms
+        if since < self._since.get(graph["name"], since):  # the window went back: read its journals again
+            self._journals.clear()
+        self._since[graph["name"]] = since
         parts = {p: self._journal(p, since - SOURCE_MARGIN_MS) for i in graph["injectors"].values() for p in i["parts"]}
         stages = {name: lowest([parts[p] for p in injector["parts"]]) for name, injector in graph["injectors"].items()}
         sources = {name: lowest([parts[p] for i in injectors for p in graph["injectors"][i]["parts"]])
@@ -86,7 +99,8 @@ class History:
             lagging = kept + [(now_ms, kept[-1][1])] if kept and kept[-1][0] < now_ms else kept
             marks[name] = {"t": [at for at, _ in kept], "watermark": [_shown(mark) for _, mark in kept],
                            "lag_t": [at for at, _ in lagging], "lag_ms": lag_behind(sources.get(name, []), lagging)}
-        return {"window_ms": self.window_ms, "watermarks": marks, "throughput": self._rates(set(stages), since)}
+        return {"window_ms": self.window_ms, "until_ms": now_ms, "watermarks": marks,
+                "throughput": self._rates(set(stages), since)}
 
     def _rates(self, stages: set[str], since_ms: int) -> dict[str, Any]:
         """Per stage: records/s between successive samples, and the backlog at each."""

@@ -63,3 +63,23 @@ def test_history_reads_the_journal_and_then_only_what_is_new(tmp_path: Path) -> 
     assert marks["lag_t"][:3] == marks["t"] and marks["lag_t"][3] > marks["t"][2]  # and a point at now
     assert set(read) == {1, 0}  # the injector and WindowCounter from their last batch seen; the rest had none
     store.close()
+
+
+def test_a_run_that_ended_before_the_window_shows_its_last_minutes(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    graph = zeitgeist_graph()
+    store.publish("inject:searches", 1, {}, 1_000)
+    store.complete_batch("WindowCounter", 1, 500, 500)
+    store.publish("inject:searches", 2, {}, END_OF_TIME)
+    ended = int(time.time() * 1000)
+    history = History(store, window_ms=60_000)
+    live = history.series(graph, ended + 1_000)  # while the window still holds the run
+    assert live["watermarks"]["WindowCounter"]["watermark"] == [500]
+    later = history.series(graph, ended + 3_600_000)  # an hour after it ended
+    assert later["watermarks"]["WindowCounter"]["watermark"] == [500]  # not an empty plot
+    assert live["until_ms"] == ended + 1_000 and ended <= later["until_ms"] <= ended + 2_000
+    for stage, shown in live["watermarks"].items():
+        assert (later["watermarks"][stage]["t"], later["watermarks"][stage]["watermark"]) == (
+            shown["t"], shown["watermark"]), stage
+    assert History(store, window_ms=60_000).series(graph, ended + 3_600_000) == later  # a fresh page sees the same
+    store.close()
