@@ -1,6 +1,6 @@
 """The test session's Python processes, started by Spark itself: task workers and a streaming
 query's source process import pyspark from the installed package, not from Spark's zip
-(spark/session.py's launcher; BENCHMARKS.md, "Micro-batch start-up")."""
+(spark/session.py's launcher; BENCHMARKS.md, "Monoid computations")."""
 
 from __future__ import annotations
 

@@ -198,19 +198,29 @@ def columnar_fold(monoid: MonoidComputation) -> ColumnarFold | None:
     return None
 
 
-def columnar_parts(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns,
-                   schema: ValueCheck | None) -> tuple[list[str], list[Any]] | None:
-    """The keys and parts (for ``Folder.add_columns``) of a typed stream's segment, read from its
-    field columns; None when it is folded one record at a time instead, with the same result: the
-    monoid's hooks are not ``columnar``, the extractor is no ``key_by("field")``, the segment kept
-    no field columns or kept them under another schema than the reader checks, or a key is no
-    ``str`` or a part no ``int`` (which the per-record path fails or dead-letters)."""
+def _columnar(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns,
+              schema: ValueCheck | None) -> ColumnarFold | None:
+    """The folder's ``ColumnarFold`` when ``seg`` may be folded from its field columns: the
+    monoid's hooks are ``columnar``, the extractor a ``key_by("field")``, and the segment kept
+    field columns under the schema the reader checks."""
     plan = folder.columnar
     if plan is None or extractor.field is None or seg.fields_schema is None:
         return None
     if schema is not None and schema.fingerprint != seg.fields_schema:
         return None
-    keys = seg.field(extractor.field, str)
+    return plan
+
+
+def columnar_parts(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns,
+                   schema: ValueCheck | None) -> tuple[list[str], list[Any]] | None:
+    """The keys and parts (for ``Folder.add_columns``) of a typed stream's segment, read from its
+    field columns; None when it is folded one record at a time instead, with the same result: not
+    ``_columnar``, or a key is no ``str`` or a part no ``int`` (which the per-record path fails or
+    dead-letters)."""
+    plan = _columnar(folder, extractor, seg, schema)
+    if plan is None:
+        return None
+    keys = seg.field(extractor.field, str)  # type: ignore[arg-type]
     parts = keys if plan.field is None else seg.field(plan.field, int)
     return None if keys is None or parts is None else (keys, parts)
 
@@ -220,12 +230,10 @@ def columnar_totals(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns
     """A typed stream's segment summed per (key, window) by the store's columns
     (``SegmentColumns.field_totals``), for ``Folder.add_totals``, when every record is at or after
     ``since`` (none is late for any folder); None when ``columnar_parts`` must fold it instead."""
-    plan = folder.columnar
-    if plan is None or extractor.field is None or seg.fields_schema is None:
+    plan = _columnar(folder, extractor, seg, schema)
+    if plan is None:
         return None
-    if schema is not None and schema.fingerprint != seg.fields_schema:
-        return None
-    return seg.field_totals(extractor.field, plan.field, plan.window, since)
+    return seg.field_totals(extractor.field, plan.field, plan.window, since)  # type: ignore[arg-type]
 
 
 def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRecord], watermark_before: int,

@@ -20,7 +20,7 @@ _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?")
 # worker's PYTHONPATH. Python compiles a zip's modules from source on each import, with no
 # bytecode cache: a fresh process spends about 0.7 s importing pyspark from it where the
 # installed package takes 0.25 s. Each streaming query starts such a process for its Python
-# source, so every micro-batch run paid it (BENCHMARKS.md, "Micro-batch start-up").
+# source, so every micro-batch run paid it (BENCHMARKS.md, "Monoid computations").
 _LAUNCHER = """#!/bin/sh
 # headrace: runs Spark's local Python workers on {python} with pyspark imported from its
 # installed package (compiled once) instead of the zip Spark puts first on PYTHONPATH.

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine.batch import Production
+from ..model import END_OF_TIME
 from ..schema import StreamSchema
 
 __all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
@@ -141,8 +142,6 @@ class DecodedSegment:
         caller then folds the lists, a record at a time, with the same result."""
         if self.fields_schema is None or len(self) == 0:
             return None
-        from ..model import END_OF_TIME
-
         struct = self._table.column(FIELDS).combine_chunks()
         keys = _field_column(struct, key, pa.types.is_string)
         parts = _field_column(struct, part, pa.types.is_integer) if part is not None else None
