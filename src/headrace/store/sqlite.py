@@ -13,8 +13,6 @@ from .sql import SQLStore
 
 __all__ = ["SQLiteStore"]
 
-MMAP_BYTES = 1 << 31  # SQLite caps it at its compile-time limit (2 GB by default)
-
 
 class SQLiteStore(SQLStore):
     """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
@@ -36,8 +34,6 @@ class SQLiteStore(SQLStore):
         self._db.execute("PRAGMA busy_timeout = 60000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(f"PRAGMA synchronous = {synchronous}")
-        # segments are read whole: mapped, a read copies a blob once instead of page by page (5x faster)
-        self._db.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
         for statement in schema_statements("sqlite"):
             self._db.execute(statement)
 
