@@ -120,16 +120,10 @@ class DecodedSegment:
         """Field ``name`` of every value, when the writer kept the fields as columns and that field
         holds a ``kind`` (``int`` or ``str``) in every value; else None. Exact: ``exact_fields``."""
         if (name, kind) not in self._fields:
-            found = None
-            if self.fields_schema is not None:
-                struct = self._table.column(FIELDS).combine_chunks()
-                at = struct.type.get_field_index(name)
-                if at >= 0:
-                    column = struct.field(at)
-                    is_kind = pa.types.is_integer if kind is int else pa.types.is_string if kind is str else None
-                    if is_kind is not None and is_kind(column.type) and column.null_count == 0:
-                        found = column.to_pylist()
-            self._fields[(name, kind)] = found
+            is_kind = _KINDS.get(kind)
+            column = (_field_column(self._table.column(FIELDS).combine_chunks(), name, is_kind)
+                      if self.fields_schema is not None and is_kind is not None else None)
+            self._fields[(name, kind)] = column.to_pylist() if column is not None else None
         return self._fields[(name, kind)]
 
     def field_totals(self, key: str, part: str | None, window: int | None,
@@ -143,8 +137,8 @@ class DecodedSegment:
         if self.fields_schema is None or len(self) == 0:
             return None
         struct = self._table.column(FIELDS).combine_chunks()
-        keys = _field_column(struct, key, pa.types.is_string)
-        parts = _field_column(struct, part, pa.types.is_integer) if part is not None else None
+        keys = _field_column(struct, key, _KINDS[str])
+        parts = _field_column(struct, part, _KINDS[int]) if part is not None else None
         stamps = self._table.column("timestamp")
         low, high = pc.min_max(stamps).values()
         if keys is None or (part is not None and parts is None) or low.as_py() < since:
@@ -177,7 +171,11 @@ class DecodedSegment:
         return self._table.num_rows
 
 
+_KINDS = {int: pa.types.is_integer, str: pa.types.is_string}  # a field's Python kind -> its Arrow types
+
+
 def _field_column(struct: pa.StructArray, name: str, is_kind: Any) -> pa.Array | None:
+    """Field ``name`` of the struct column, when it is of a type ``is_kind`` accepts and has no null."""
     at = struct.type.get_field_index(name)
     if at < 0:
         return None
