@@ -41,12 +41,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from headrace import Computation, Topology, injectors, key_by  # noqa: E402
 from headrace.engine import DedupCache, InputRecord, ShardBatch, run_shard_batch  # noqa: E402
-from headrace.engine.batch import Production, id_prefix  # noqa: E402
+from headrace.engine.batch import Production
+from headrace.names import id_prefix  # noqa: E402
 from headrace.engine.runner import commit_together, finish_batch, prepare_shard_batch  # noqa: E402
-from headrace.engine.worker import Worker, interval_producer  # noqa: E402
+from headrace.engine.worker import Worker  # noqa: E402
+from headrace.names import interval as interval_producer  # noqa: E402
 from headrace.model import BEGINNING_OF_TIME, ComputationOptions  # noqa: E402
 from headrace.monitor.status import status_of  # noqa: E402
-from headrace.spark.continuous import ContinuousRunner, continuous_producers, plans_of  # noqa: E402
+from headrace.names import CONTINUOUS  # noqa: E402
+from headrace.plans import interval_plans as plans_of, producers_of  # noqa: E402
+from headrace.spark.continuous import ContinuousRunner  # noqa: E402
 from headrace.store import open_store  # noqa: E402
 
 C, MICRO, INJECTOR = "Count", "MicroCount", "inject:events"
@@ -98,7 +102,7 @@ def measure(url: str, n: int, repeat: int) -> dict[str, float]:
     clock = Clock()
     out: dict[str, float] = {}
     out["register N intervals"] = timed(lambda: store.register(C, n))
-    out["declare the bus producers"] = timed(lambda: [store.declare_stream(s, *continuous_producers(t, s))
+    out["declare the bus producers"] = timed(lambda: [store.declare_stream(s, *producers_of(t, s, CONTINUOUS))
                                                       for s in sorted(t.streams())])
     worker = Worker(store, plans_of(t), "bench-worker", 0, 1, lease_ms=LEASE_MS, clock=clock)
     out["claim every interval (first leases)"] = timed(worker.maintain_leases)

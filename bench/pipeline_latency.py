@@ -10,7 +10,7 @@ with strong productions, and at-least-once with weak productions (the paper's ch
 
 **Delivery latency of a hop**, per record: from the commit of the production that holds it to the
 moment the consumer's user code sees it. The commit is the journal's ``completed_at`` of the
-producer batch the record belongs to, told by the record's id (``engine.batch.id_prefix``):
+producer batch the record belongs to, told by the record's id (``names.id_prefix``):
 - an injected record ``inject:events:<b>:<n>`` is batch ``b`` of producer ``inject:events`` (its
   publish);
 - a production ``C:<shard>:<b>:<n>`` is batch ``b`` of producer ``C`` in micro-batch mode (the

@@ -14,7 +14,7 @@ from .topology import Topology
 __all__ = ["run", "read", "watermarks", "stream_df", "table_df"]
 
 
-MODES = ("microbatch", "continuous")
+from .names import MODES
 
 
 def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local[*]", *,
@@ -51,23 +51,20 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
 
         check_port(dashboard_port)  # before Spark starts
     if mode == "continuous":
-        given = [n for n, v in (("checkpoint_dir", checkpoint_dir), ("trigger_ms", trigger_ms),
-                                ("retention_ms", retention_ms)) if v is not None]
-        if given:
-            raise OptionError(f"{given[0]} applies to mode='microbatch' only", got=mode,
-                              hint="drop it, or run with mode='microbatch'")
+        _refuse_ignored(topology, checkpoint_dir, trigger_ms, retention_ms, progress_queries)
         from .spark.continuous import ContinuousRunner
 
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
                                        metrics_port=metrics_port, ui=ui, py_files=py_files,
-                                       progress_queries=progress_queries).start()
+                                       progress_queries=progress_queries, checkpoint_dir=checkpoint_dir,
+                                       trigger_ms=trigger_ms or 200).start()
     else:
-        from .spark.runner import SparkRunner
+        from .spark.runner import MicroBatchRunner
 
-        runner = SparkRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
-                             progress=progress, spark=spark, retention_ms=retention_ms,
-                             metrics_port=metrics_port, ui=ui, py_files=py_files,
-                             progress_queries=progress_queries).start()
+        runner = MicroBatchRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,
+                                  progress=progress, spark=spark, retention_ms=retention_ms,
+                                  metrics_port=metrics_port, ui=ui, py_files=py_files,
+                                  progress_queries=progress_queries).start()
     dashboard = None
     try:
         if dashboard_port is not None:
@@ -81,6 +78,30 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         runner.stop()
         if dashboard is not None:
             dashboard.stop()
+
+
+def _refuse_ignored(topology: Topology, checkpoint_dir: str | None, trigger_ms: int | None,
+                    retention_ms: int | None, progress_queries: bool) -> None:
+    """Continuous mode runs no Spark query of its own: ``checkpoint_dir`` and ``trigger_ms`` apply
+    only to the Spark queries a topology brings (sinks, streaming-DataFrame injectors, progress
+    queries), and weak productions would change nothing (an interval's productions become visible
+    with its commit either way). An option that would change nothing is refused, not ignored."""
+    queries = bool(topology.sinks) or progress_queries or any(
+        getattr(i.source, "isStreaming", False) is True for i in topology.injections.values())
+    for option, value in (("checkpoint_dir", checkpoint_dir), ("trigger_ms", trigger_ms)):
+        if value is not None and not queries:
+            raise OptionError(f"{option} applies to the Spark queries of a run, and this continuous run has none",
+                              got=value, hint="drop it: continuous mode's workers run no query (sinks, "
+                                              "streaming-DataFrame injectors and progress queries do)")
+    if retention_ms is not None:
+        raise OptionError("retention_ms applies to mode='microbatch' only", got=retention_ms,
+                          hint="drop it, or run with mode='microbatch'")
+    weak = [s.name for s in topology.computations.values()
+            if s.options.productions == "weak" and s.options.state_semantics == "exactly_once"]
+    if weak:
+        raise OptionError(f"Computation {weak[0]!r}: productions='weak' changes nothing in continuous mode", got="weak",
+                          hint="an interval's productions become visible with its commit either way: drop it, or "
+                               "run with mode='microbatch', where weak productions are sent ahead of the commit")
 
 
 def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from headrace import Computation, Topology, injectors, key_by
-from headrace.engine.worker import interval_producer
+from headrace.names import interval as interval_producer
 from headrace.spark.continuous import JOB_GROUP, ContinuousRunner
 from headrace.spark.session import spark_session
 from headrace.store import open_store

@@ -11,7 +11,7 @@ import pytest
 
 from headrace import read, run
 from headrace.errors import OptionError
-from headrace.spark.runner import checkpoint_root
+from headrace.spark.checkpoints import checkpoint_root
 from headrace.store import open_store
 
 from .pipelines import oracle, searches, three_stage

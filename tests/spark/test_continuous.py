@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pytest
 
 from headrace import Computation, Topology, injectors, key_by, read
-from headrace.engine.worker import interval_producer
+from headrace.names import interval as interval_producer
 from headrace.model import END_OF_TIME
 from headrace.spark.continuous import JOB_GROUP, ContinuousRunner
 from headrace.store import Store, open_store

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headrace.spark.keying import partition_labels, spark_hash_int
+from headrace.spark.rows import partition_labels, spark_hash_int
 
 
 def test_our_murmur3_is_sparks_hash_and_labels_give_one_shard_per_partition(spark: Any) -> None:

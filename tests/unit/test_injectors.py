@@ -114,16 +114,16 @@ def test_csv_and_text_files(tmp_path: Path) -> None:
     assert text_batches[0].records == [("cats", NOW, "y.txt:0"), ("dogs", NOW, "y.txt:1")]  # no timestamp: the clock
 
 
-def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(tmp_path: Path) -> None:
     from headrace import read
     from headrace.engine import Production
-    from headrace.store import open_store, sql
+    from headrace.store import open_store
 
     url = f"sqlite:///{tmp_path}/bus.db"
-    store = open_store(url)
+    now = {"ms": 0}
+    store = open_store(url, clock=lambda: now["ms"])  # the store's clock, set for each batch
     for batch in (1, 2, 3):
-        monkeypatch.setattr(sql, "_now", lambda at=batch * 1_000: at)  # the store's clock, set for each batch
+        now["ms"] = batch * 1_000
         store.publish("inject:s", batch, {"s": [Production("s", None, {"b": batch}, batch, f"id{batch}")]}, batch)
     assert [b.completed_at for b in store.batches("inject:s")] == [1_000, 2_000, 3_000]
     assert [r.value["b"] for r in read("s", url)] == [1, 2, 3]

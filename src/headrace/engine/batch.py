@@ -4,22 +4,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
-__all__ = ["shard_of", "shards_of", "id_prefix", "id_sequence", "InputRecord", "CheckedRecord", "Partial", "Production", "DueTimer", "ShardBatch",
+__all__ = ["shard_of", "shards_of", "InputRecord", "CheckedRecord", "Partial", "Production", "DueTimer", "QuietReport", "Routed", "Routing", "ShardBatch",
            "ShardSnapshot", "ShardCommit"]
-
-
-def id_prefix(producer: str, batch: int, shard: int | None = None) -> str:
-    """Record ids are ``<prefix><n>`` for the n-th record a producer made in a batch (on a shard):
-    unique, because a producer commits each (batch, shard) once, and the same on every retry.
-    Injectors have no shards: ``inject:queries:7:0``; computations: ``WindowCounter:2:7:1``."""
-    return f"{producer}:{batch}:" if shard is None else f"{producer}:{shard}:{batch}:"
-
-
-def id_sequence(record_id: str) -> int:
-    """The n of an id made by ``id_prefix``: the record's place in its producer's batch."""
-    return int(record_id.rsplit(":", 1)[1])
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -71,6 +59,40 @@ class Production(NamedTuple):
     value: Any
     timestamp: int
     id: str
+
+
+class Routed(NamedTuple):
+    """The records of one stream that go to one consumer interval: their rows among the batch's
+    records of the stream, each one's key for the consumer, and, for a record whose key could not
+    be extracted (sent to interval 0), why (None elsewhere)."""
+
+    stream: str
+    consumer: str
+    dest: int
+    rows: list[int]
+    keys: list[str | None]
+    errors: list[str | None] | None
+
+
+class Routing(NamedTuple):
+    """What a producer's batch carries about keyed delivery: its plan, the first batch of this
+    producer known to follow that plan, and its routed segments."""
+
+    plan: str
+    since: int
+    routes: list[Routed]
+
+
+class QuietReport(NamedTuple):
+    """A continuous worker's report, once a pass, of the intervals it holds under ``sequencer`` that
+    had nothing of their own to commit: they have read up to ``positions``, and stand at these
+    watermarks (``IntervalStore.report_quiet``)."""
+
+    computation: str
+    sequencer: int
+    positions: Mapping[str, int]
+    input_watermark: int
+    output_watermark: int
 
 
 class DueTimer(NamedTuple):
@@ -143,6 +165,7 @@ class ShardCommit:
     # (key, window) pairs whose rows of earlier batches go (emitted, or compacted into a new row)
     partial_writes: list[tuple[str, int, bytes]] = field(default_factory=list)
     partial_deletes: list[tuple[str, int]] = field(default_factory=list)
+    routing: Routing | None = None  # keyed delivery: the productions' routed segments and the plan
 
     @property
     def producer(self) -> str:

@@ -18,13 +18,14 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 from ..errors import UserCodeError
 from ..model import END_OF_TIME, ComputationOptions, KeyExtractor, MonoidComputation, Record, Timer
 from ..monoids import Constant, Field, Tumbling
-from .batch import CheckedRecord, InputRecord, Partial, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
+from .batch import CheckedRecord, InputRecord, Partial, ShardBatch, ShardCommit, ShardSnapshot
+from ..names import id_prefix
 from .ports import SegmentColumns
 from .shard import (KeyContext, ValueCheck, dead_letter_value, drop_duplicates, forget_before, invoke_on_timer, new_counters,
                     next_due, user_error)
 from .watermark import output_low_watermark
 
-__all__ = ["Folder", "ColumnarFold", "columnar_fold", "columnar_parts", "columnar_totals", "fold_streams", "preaggregate", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]
+__all__ = ["Folder", "ColumnarFold", "columnar_fold", "columnar_parts", "columnar_totals", "fold_streams", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]
 
 TAG = "monoid:"
 COMPACT_EVERY = 32  # a shard's every 32nd batch folds each window's delta rows into one
@@ -234,25 +235,6 @@ def columnar_totals(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns
     if plan is None:
         return None
     return seg.field_totals(extractor.field, plan.field, plan.window, since)  # type: ignore[arg-type]
-
-
-def preaggregate(monoid: MonoidComputation, name: str, records: Iterable[InputRecord], watermark_before: int,
-                 streams: frozenset[str] | None = None,
-                 schemas: Mapping[str, ValueCheck] | None = None) -> tuple[list[Partial], list[InputRecord]]:
-    """Fold ``records`` of ``streams`` (every stream: None) into partials; returns them and the
-    records that travel alone (other streams, late ones, and those ``Folder.add_many`` refused)."""
-    folder = Folder(monoid, name, watermark_before)
-    records = list(records)
-    columns = ([r.key for r in records], [r.value for r in records], [r.timestamp for r in records],
-               [r.id for r in records])
-    by_stream: dict[str, list[int]] = {}
-    for i, r in enumerate(records):
-        if streams is None or r.stream in streams:
-            by_stream.setdefault(r.stream, []).append(i)
-    folded: set[int] = set()
-    for stream, rows in by_stream.items():
-        folded.update(set(rows).difference(folder.add_many(*columns, rows, (schemas or {}).get(stream))))
-    return folder.partials(), [r for i, r in enumerate(records) if i not in folded]
 
 
 def process_monoid_shard(

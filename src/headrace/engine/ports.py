@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from ..errors import StoreError
-from .batch import DueTimer, Production, ShardCommit, ShardSnapshot
+from .batch import DueTimer, Production, QuietReport, Routing, ShardCommit, ShardSnapshot
 
-__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "StoredRecord", "SegmentColumns", "IntervalClaim", "Fence"]
+__all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "Head", "StoredRecord", "SegmentColumns",
+           "RoutedSegment", "IntervalClaim", "Fence"]
 
 
 class BatchInfo(NamedTuple):
@@ -28,6 +29,17 @@ class BatchInfo(NamedTuple):
     input_watermark: int
     output_watermark: int
     completed_at: int
+
+
+class Head(NamedTuple):
+    """Where a producer's journal stands: its last batch, the output watermark a consumer that has
+    read it may take, and the routing plan that batch followed, which every batch of the producer
+    from ``plan_since`` on followed too (None: not known)."""
+
+    batch: int
+    output_watermark: int
+    plan: str | None = None
+    plan_since: int | None = None
 
 
 class StoredRecord(NamedTuple):
@@ -58,6 +70,16 @@ class SegmentColumns(Protocol):
     @property
     def values(self) -> list[Any]: ...
 
+    @property
+    def raw_values(self) -> list[bytes]:
+        """The values as stored (pickled), undecoded."""
+        ...
+
+    @property
+    def errors(self) -> list[str | None] | None:
+        """A routed segment's reasons its records have no key (None where one has); None: all have."""
+        ...
+
     def values_at(self, rows: Sequence[int]) -> list[Any]: ...
 
     def field(self, name: str, kind: type) -> list[Any] | None:
@@ -71,6 +93,17 @@ class SegmentColumns(Protocol):
         the sum of int field ``part`` (0 when None) and the number of records; None, and the
         caller folds ``field``'s lists instead, unless every record is at or after ``since``."""
         ...
+
+
+class RoutedSegment(NamedTuple):
+    """A routed segment (``engine/routing.py``): one producer batch's records of one stream for one
+    consumer interval, ``seg.keys`` being the consumer's keys."""
+
+    producer: str
+    batch: int
+    stream: str
+    dest: int
+    seg: SegmentColumns
 
 
 class ShardStore(Protocol):
@@ -96,7 +129,7 @@ class ShardStore(Protocol):
 
     def shards_with_due_timers(self, computation: str, watermark: int, wall_clock: int) -> list[int]: ...
 
-    def next_wall_timer(self, computation: str) -> int | None: ...
+    def next_wall_timer(self, computation: str, shards: list[int] | None = None) -> int | None: ...
 
     def timers(self, computation: str, key: str) -> list[DueTimer]: ...
 
@@ -105,10 +138,22 @@ class Bus(Protocol):
     """Streams: segments committed by producers, readable by any consumer at its own pace."""
 
     def publish(self, producer: str, batch: int, records: dict[str, list[Production]], watermark: int,
-                checkpoint: str | None = None, schemas: Mapping[str, Any] | None = None) -> None:
+                checkpoint: str | None = None, schemas: Mapping[str, Any] | None = None,
+                routing: Routing | None = None) -> None:
         """An injector's batch; ``schemas`` (``StreamSchema`` by stream) lets a typed stream's
-        segments keep their fields as columns."""
+        segments keep their fields as columns; ``routing`` adds its routed segments."""
         ...
+
+    def register_plan(self, plan: str, routes: Mapping[str, Mapping[str, int]]) -> None: ...
+
+    def plan_routes(self, plan: str) -> dict[str, dict[str, int]] | None:
+        """A routing plan's ``{stream: {consumer: intervals}}``."""
+        ...
+
+    def batch_plans(self, producer: str, after: int, upto: int) -> list[tuple[int, str | None]]: ...
+
+    def read_routes(self, consumer: str, ranges: Sequence[tuple[str, int, int]],
+                    dests: Sequence[int] | None = None) -> Iterator[RoutedSegment]: ...
 
     def segment_blobs(self, stream: str, producer: str, after_batch: int,
                       upto_batch: int) -> list[tuple[int, int, bytes]]: ...
@@ -128,7 +173,7 @@ class Journal(Protocol):
     """The watermark journal: each producer's completed batches, monotonic."""
 
     def complete_batch(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
-                       sequencer: int | None = None) -> int: ...
+                       sequencer: int | None = None, routing: Routing | None = None) -> int: ...
 
     def batches(self, producer: str, after: int = 0) -> list[BatchInfo]: ...
 
@@ -168,14 +213,33 @@ class IntervalStore(ShardStore, Bus, Journal, Protocol):
         every earlier owner of each); the ones taken, with where their committed state stands."""
         ...
 
-    def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
-                        lease_until: int) -> set[int]: ...
+    def renew_leases(self, owner: str, lease_until: int) -> dict[tuple[str, int], int]:
+        """Extend every lease ``owner`` holds (one statement); each kept interval's sequencer."""
+        ...
+
+    def claimable(self, computations: list[str], owner: str, now: int) -> dict[str, list[int]]:
+        """Per computation, the intervals nobody holds a live lease on (one statement)."""
+        ...
 
     def release_intervals(self, computation: str, sequencers: dict[int, int]) -> None: ...
 
-    def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
-        """Several intervals' outcomes in one transaction; a refused one (fenced, stale) is left out
-        and its error returned in its place."""
+    def commit_shards(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> list[StoreError | None]:
+        """Several intervals' outcomes in one transaction, with the pass's reports of its quiet
+        intervals; a refused one (fenced, stale) is left out and its error returned in its place."""
         ...
 
     def latest_batches(self, producers: list[str]) -> dict[str, int]: ...
+
+    def producer_heads(self, producers: list[str]) -> dict[str, Head]:
+        """Each producer's journal head (``Head``), in one round trip or two."""
+        ...
+
+    def report_quiet(self, computation: str, sequencer: int, positions: Mapping[str, int], input_watermark: int,
+                     output_watermark: int) -> None:
+        """The intervals held under ``sequencer`` that committed nothing since are at ``positions``
+        and these watermarks (one statement for all of them)."""
+        ...
+
+    def wait_for_commits(self, channels: Sequence[str], timeout_s: float) -> bool:
+        """Sleep until a producer of ``channels`` commits (or something may have), or ``timeout_s``."""
+        ...

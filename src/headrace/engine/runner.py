@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from ..errors import StoreError
 from ..model import Computation, ComputationOptions, MonoidComputation
-from .batch import InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, shard_of
+from .batch import InputRecord, Production, QuietReport, Routing, ShardBatch, ShardCommit, ShardSnapshot, shard_of
 from .dedup import DedupIndex
 from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
 from .ports import IntervalStore, Journal, ShardStore
+from .routing import RoutingPlan
 from .shard import ValueCheck, process_shard
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
@@ -80,9 +81,13 @@ def prepare_shard_batch(
     batch: ShardBatch,
     dedup_cache: DedupCache | None = None,
     schemas: Mapping[str, ValueCheck] | None = None,
+    routing_plan: RoutingPlan | None = None,
+    routing: Routing | None = None,
 ) -> ShardResult | PreparedBatch:
     """Load the shard, drop duplicates and run user code: the batch prepared for its commit, or a
-    result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work)."""
+    result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work).
+    With a ``routing_plan``, the productions are routed for its consumers (``routing`` names the
+    plan in the journal)."""
     monoid = isinstance(computation, MonoidComputation)
     keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
     snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
@@ -115,6 +120,8 @@ def prepare_shard_batch(
     except BaseException:
         txn.abort()
         raise
+    if routing is not None and routing_plan is not None:
+        commit.routing = routing._replace(routes=routing_plan.route_productions(commit.productions))
     return PreparedBatch(txn, txn.prepare(commit), index)
 
 
@@ -127,19 +134,23 @@ def run_shard_batch(
     batch: ShardBatch,
     dedup_cache: DedupCache | None = None,
     schemas: Mapping[str, ValueCheck] | None = None,
+    routing_plan: RoutingPlan | None = None,
+    routing: Routing | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
-    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache, schemas)
+    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache, schemas,
+                                   routing_plan, routing)
     if isinstance(prepared, ShardResult):
         return prepared
     prepared.txn.commit(store)
     return prepared.completed()
 
 
-def commit_together(store: IntervalStore, prepared: list[PreparedBatch]) -> list[ShardResult | StoreError]:
-    """Commit several intervals' prepared batches in one store transaction: each one's result, or
-    the error (fenced, stale) that refused it alone."""
-    failures = ShardTransaction.commit_together(store, [p.txn for p in prepared])
+def commit_together(store: IntervalStore, prepared: list[PreparedBatch],
+                    quiet: Sequence[QuietReport] = ()) -> list[ShardResult | StoreError]:
+    """Commit several intervals' prepared batches in one store transaction, with the reports of the
+    pass's quiet intervals: each one's result, or the error (fenced, stale) that refused it alone."""
+    failures = ShardTransaction.commit_together(store, [p.txn for p in prepared], quiet)
     return [p.completed() if failure is None else failure for p, failure in zip(prepared, failures)]
 
 
@@ -165,7 +176,7 @@ def _stored_partials(store: ShardStore, name: str, batch: ShardBatch,
 
 
 def finish_batch(journal: Journal, name: str, batch: int, input_watermark: int, previous_output: int,
-                 sequencer: int) -> int:
+                 sequencer: int, routing: Routing | None = None) -> int:
     """Journal ``batch`` of computation ``name`` as complete; returns its output low watermark.
 
     Every shard of the batch has committed, so no work of the batch is unfinished, and every
@@ -173,7 +184,7 @@ def finish_batch(journal: Journal, name: str, batch: int, input_watermark: int, 
     the output watermark is the input watermark, never moving back (§2.4).
     """
     output = output_low_watermark(previous_output, input_watermark)
-    return journal.complete_batch(name, batch, input_watermark, output, sequencer)
+    return journal.complete_batch(name, batch, input_watermark, output, sequencer, routing)
 
 
 @dataclass

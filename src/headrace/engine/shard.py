@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import HeadraceError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
-from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, id_prefix
+from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
+from ..names import id_prefix
 from .watermark import output_low_watermark
 
 __all__ = ["KeyContext", "process_shard", "ValueCheck"]

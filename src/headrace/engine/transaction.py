@@ -14,8 +14,10 @@ A shard's version is the last batch it committed; versions only move forward.
 from __future__ import annotations
 
 import enum
+from typing import Sequence
+
 from ..errors import StaleBatchError, StoreError
-from .batch import Production, ShardCommit
+from .batch import Production, QuietReport, ShardCommit
 from .ports import IntervalStore, ShardStore
 
 __all__ = ["TxState", "ShardTransaction"]
@@ -90,14 +92,16 @@ class ShardTransaction:
         self._move(TxState.ABORTED)
 
     @staticmethod
-    def commit_together(store: IntervalStore, txns: list["ShardTransaction"]) -> list[StoreError | None]:
-        """Commit prepared transactions of several shards in one store transaction; each one the
-        store refuses (fenced, stale) is aborted, and its error returned in its place."""
+    def commit_together(store: IntervalStore, txns: list["ShardTransaction"],
+                        quiet: Sequence[QuietReport] = ()) -> list[StoreError | None]:
+        """Commit prepared transactions of several shards in one store transaction (with ``quiet``,
+        the reports of the pass's quiet intervals); each one the store refuses (fenced, stale) is
+        aborted, and its error returned in its place."""
         for t in txns:
             if t.state is not TxState.PREPARED or t.commit_record is None:
                 raise RuntimeError(f"shard transaction cannot commit from {t.state.value}: prepare(commit) first")
         try:
-            failures = store.commit_shards([t.commit_record for t in txns if t.commit_record is not None])
+            failures = store.commit_shards([t.commit_record for t in txns if t.commit_record is not None], quiet)
         except BaseException:
             for t in txns:
                 t._move(TxState.ABORTED)

@@ -1,43 +1,34 @@
 """Continuous mode's worker loop (docs/architecture.md §4.2): a long-lived process that owns key
-intervals under leases and runs the one batch path for an interval as soon as it has new input,
-a due timer or a watermark that moved. The batches of one pass over its intervals commit
-together, in one transaction: under load that is one write-lock wait and one commit for many
-intervals, and when idle a pass has one batch and commits it at once.
+intervals under leases and runs the one batch path for an interval as soon as it has records of
+its own or a due timer. The batches of one pass over its intervals commit together, in one
+transaction: under load that is one write-lock wait and one commit for many intervals.
 
-An interval of computation ``C`` publishes on the bus as producer ``C/<interval>``: each of its
-commits is a batch of that producer, journaled with the interval's watermarks in the same
-transaction as its state, timers, productions, dedup ids and input positions. A consumer reads
-every part of every producer it subscribes to, keys each record, and keeps the ones of the
-intervals it owns; its input low watermark is the minimum, over those parts, of the watermark
-journaled with the last batch it has read, so data and watermark come from one committed point.
+An interval reads only its own records: its producers routed them to it (keyed delivery,
+``engine/routing.py``), and ``engine/intake.py`` reads them. An interval with nothing of its own
+and no due timer commits nothing: once a pass, the worker reports all such intervals' new
+positions and watermarks in one statement (``report_quiet``), so a pass costs what its active
+intervals cost, however many it owns. When no pass has work, the worker sleeps until a producer
+it reads commits (``wait_for_commits``: LISTEN/NOTIFY on PostgreSQL; SQLite's data version).
 """
 
 from __future__ import annotations
 
 import time
 import zlib
-from itertools import compress, repeat
-from operator import eq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Callable, Mapping
 
-from ..errors import MISSING_MODULE_HINT, BadInputError, FencedWriterError, StaleBatchError, StoreError
-from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, KeyExtractor, MonoidComputation
-from .batch import CheckedRecord, InputRecord, ShardBatch, shard_of, shards_of
-from .monoid import Folder, columnar_parts, columnar_totals, fold_streams
-from .ports import Fence, IntervalClaim, IntervalStore, SegmentColumns, StoredRecord
+from ..errors import FencedWriterError, StaleBatchError, StoreError
+from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, MonoidComputation
+from ..names import interval
+from .batch import InputRecord, QuietReport, Routing, ShardBatch
+from .intake import Consumer, input_watermark, plan_ranges, read_keyed, records_of, select
+from .monoid import Folder
+from .ports import Head, IntervalClaim, IntervalStore
+from .routing import RoutingPlan
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
-from .shard import ValueCheck
-from .watermark import input_low_watermark
 
-T = TypeVar("T")
-
-__all__ = ["IntervalPlan", "Worker", "interval_producer", "wall_clock_ms"]
-
-
-def interval_producer(computation: str, interval: int) -> str:
-    """The bus producer name of one key interval of a computation in continuous mode."""
-    return f"{computation}/{interval}"
+__all__ = ["IntervalPlan", "Worker", "wall_clock_ms"]
 
 
 def wall_clock_ms() -> int:
@@ -46,28 +37,21 @@ def wall_clock_ms() -> int:
 
 @dataclass(frozen=True)
 class IntervalPlan:
-    """What a worker needs to run one computation: its code, options and subscriptions
-    (stream -> the producers that write it, and the consumer's key extractor)."""
+    """What a worker needs to run one computation: its read side, its code, its outputs and whom
+    it routes them for."""
 
-    name: str
+    consumer: Consumer
     cls: type[Computation]
-    options: ComputationOptions
     outputs: frozenset[str]
-    inputs: Mapping[str, KeyExtractor]
-    producers: Mapping[str, tuple[str, ...]]
-    dedup_streams: frozenset[str] = frozenset()
-    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)  # typed streams it checks (Topology.checked_schemas)
-    # intervals of an upstream's earlier, larger layout: read to their end, and then, with nothing
-    # more to come from them, left out of the input watermark (the upstream's new intervals hold it)
-    retired: frozenset[str] = frozenset()
+    routing: RoutingPlan
 
     @property
-    def fold_streams(self) -> frozenset[str]:
-        return fold_streams(self.inputs, self.dedup_streams)
+    def name(self) -> str:
+        return self.consumer.name
 
     @property
-    def all_producers(self) -> list[str]:
-        return sorted({p for ps in self.producers.values() for p in ps})
+    def options(self) -> ComputationOptions:
+        return self.consumer.options
 
 
 @dataclass
@@ -77,6 +61,7 @@ class OwnedInterval:
     shard: int
     claim: IntervalClaim
     positions: dict[str, int] = field(default_factory=dict)
+    since: int | None = None  # its first batch committed here: every later one follows this worker's plan
 
     @property
     def version(self) -> int:
@@ -87,20 +72,29 @@ class Worker:
     """One worker: ``run(should_stop)`` until told to stop; ``step()`` is one pass over its intervals."""
 
     def __init__(self, store: IntervalStore, plans: list[IntervalPlan], owner: str, slot: int, slots: int, *,
-                 lease_ms: int = 3_000, poll_ms: float = 2.0, clock: Callable[[], int] = wall_clock_ms,
-                 on_fenced: Callable[[str, int, Exception], None] | None = None):
+                 lease_ms: int = 3_000, idle_ms: float = 250.0, clock: Callable[[], int] = wall_clock_ms,
+                 on_fenced: Callable[[str, int, Exception], None] | None = None, discover_ms: int = 1_000):
         self.store, self.plans, self.owner = store, plans, owner
         self.slot, self.slots = slot, slots
-        self.lease_ms, self.poll_s, self.clock = lease_ms, poll_ms / 1000, clock
+        self.lease_ms, self.idle_s, self.clock, self.discover_ms = lease_ms, idle_ms / 1000, clock, discover_ms
         self.owned: dict[str, dict[int, OwnedInterval]] = {p.name: {} for p in plans}
         self.code = {p.name: p.cls() for p in plans}
+        self.consumers = {p.name: p.consumer for p in plans}
         self.dedup = DedupCache()
         self.started = clock()
         self._leases_checked = 0
-        self._watermarks: dict[tuple[str, int], int] = {}
+        self._wall_due: int | None = None  # its intervals' next wall timer (None: look it up)
+        self._discovered = 0
+        self._marks: dict[tuple[str, int], int] = {}
+        self._plans: dict[str, dict[str, dict[str, int]] | None] = {}
+        self._shard_ids: dict[str, dict[str, int]] = {p.name: {} for p in plans}
+        self._reported: dict[tuple[str, int], tuple[tuple[tuple[str, int], ...], int]] = {}
         self.fenced: list[tuple[str, int, str]] = []  # (computation, interval, error) it lost by being fenced
-        self.fences: dict[str, tuple[Fence, ...]] = {p.name: () for p in plans}
+        self.fences: dict[str, tuple] = {p.name: () for p in plans}
         self.on_fenced = on_fenced
+        for plan in plans:
+            if plan.routing.subscribers:
+                store.register_plan(plan.routing.id, plan.routing.routes)
 
     # -- leases ---------------------------------------------------------------------------------
 
@@ -108,26 +102,32 @@ class Worker:
         return (zlib.crc32(computation.encode()) + shard) % self.slots == self.slot
 
     def maintain_leases(self) -> None:
-        """Renew what it owns (dropping what it lost), then take its free intervals, and any
-        interval whose owner has let its lease lapse (a dead or paused worker)."""
+        """Renew what it owns in one statement (dropping what it lost), then take its free intervals
+        and any whose owner let its lease lapse (a dead or paused worker): one statement to find
+        them, and a claim only when there are some."""
         now = self.clock()
         until = now + self.lease_ms
+        held = self.store.renew_leases(self.owner, until)
         for plan in self.plans:
             owned = self.owned[plan.name]
-            if owned:
-                kept = self.store.renew_intervals(plan.name, {s: o.claim.sequencer for s, o in owned.items()},
-                                                  self.owner, until)
-                for shard in set(owned) - kept:
-                    del owned[shard]
-            patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
-            wanted = [s for s in range(plan.options.shards)
-                      if s not in owned and (patient or self._prefers(plan.name, s))]
+            for shard in [s for s, o in owned.items() if held.get((plan.name, s)) != o.claim.sequencer]:
+                del owned[shard]
+        patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
+        free = self.store.claimable([p.name for p in self.plans], self.owner, now)
+        for plan in self.plans:
+            owned = self.owned[plan.name]
+            wanted = [s for s in free.get(plan.name, ())
+                      if s not in owned and s < plan.options.shards and (patient or self._prefers(plan.name, s))]
+            if not wanted:
+                continue
             claims = self.store.claim_intervals(plan.name, wanted, self.owner, now, until)
             self._check_layout(plan, claims)
             for shard, claim in claims.items():
                 self.fences[plan.name] = claim.fences
-                positions = {p: claim.positions.get(p, 0) for p in plan.all_producers}
+                positions = {p: claim.positions.get(p, 0) for p in self.consumers[plan.name].all_producers}
                 owned[shard] = OwnedInterval(shard, claim, positions)
+            if claims:
+                self._wall_due = None  # their wall timers: look again
         self._leases_checked = now
 
     def _check_layout(self, plan: IntervalPlan, claims: dict[int, IntervalClaim]) -> None:
@@ -150,249 +150,170 @@ class Worker:
     # -- the loop ---------------------------------------------------------------------------------
 
     def run(self, should_stop: Callable[[], bool]) -> None:
+        """Passes while there is work; between them, sleep until a producer it reads commits, its
+        leases need renewing, or one of its wall timers falls due."""
+        renew_every = self.lease_ms // 3
+        woken = True
         try:
             while not should_stop():
-                if self.clock() - self._leases_checked >= self.lease_ms // 4:
+                now = self.clock()
+                if now - self._leases_checked >= renew_every:
                     self.maintain_leases()
-                if not self.step():
-                    time.sleep(self.poll_s)
+                if woken or (self._wall_due is not None and self._wall_due <= now):
+                    if self.step():
+                        continue
+                if self._wall_due is None:  # idle from here: when does a wall timer need a pass
+                    marks = [self.store.next_wall_timer(p.name, sorted(self.owned[p.name])) for p in self.plans
+                             if self.owned[p.name]]
+                    self._wall_due = min((m for m in marks if m is not None), default=END_OF_TIME)
+                    if self._wall_due <= self.clock():
+                        woken = True
+                        continue
+                until = min(self._leases_checked + renew_every, self._wall_due)
+                wait = min(self.idle_s, max(0.0, (until - self.clock()) / 1000))
+                woken = self.store.wait_for_commits(self.channels(), wait)
         finally:
             self.release_all()
 
+    def channels(self) -> list[str]:
+        """The producers whose commits wake this worker."""
+        return sorted({p for c in self.consumers.values() for p in c.all_producers})
+
+    def _discover(self) -> None:
+        """Pick up injector parts declared since the plan was made (a Kafka partition added)."""
+        now = self.clock()
+        if now - self._discovered < self.discover_ms:
+            return
+        self._discovered = now
+        declared: dict[str, list[str]] = {}
+        for consumer in self.consumers.values():
+            for stream in consumer.inputs:
+                if stream not in declared:
+                    declared[stream] = self.store.stream_producers(stream)
+        for name, consumer in self.consumers.items():
+            self.consumers[name] = consumer.with_parts(declared)
+
     def step(self) -> bool:
-        """One pass: every owned interval with work runs one batch, and the pass's batches commit
-        together in one transaction. True if any did."""
-        producers = sorted({p for plan in self.plans for p in plan.all_producers})
-        heads = self.store.latest_batches(producers)
+        """One pass: every owned interval with records of its own or a due timer runs one batch;
+        the batches and the quiet intervals' report commit together. True if any batch ran."""
+        self._discover()
+        heads = self.store.producer_heads(self.channels())
         wall = self.clock()
         ready: list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]] = []
+        quiet: list[tuple[str, int, dict[str, int], int]] = []
         for plan in self.plans:
             owned = self.owned[plan.name]
             if not owned:
                 continue
             groups: dict[tuple[tuple[str, int], ...], list[OwnedInterval]] = {}
-            for interval in owned.values():
-                groups.setdefault(tuple(sorted(interval.positions.items())), []).append(interval)
+            for interval_ in owned.values():
+                groups.setdefault(tuple(sorted(interval_.positions.items())), []).append(interval_)
             for positions, intervals in groups.items():
-                ready.extend(self._prepare(plan, dict(positions), intervals, heads, wall))
+                ready.extend(self._prepare(plan, dict(positions), intervals, heads, wall, quiet))
+        reports = self._reports(quiet)
         if not ready:
+            for report in reports:
+                self.store.report_quiet(*report)
             return False
-        outcomes = commit_together(self.store, [prepared for *_, prepared in ready])
-        for (plan, interval, batch, _), outcome in zip(ready, outcomes):
+        outcomes = commit_together(self.store, [prepared for *_, prepared in ready], reports)
+        self._wall_due = None  # its commits may have set or fired wall timers
+        for (plan, owned_interval, batch, _), outcome in zip(ready, outcomes):
             if isinstance(outcome, StoreError):
-                self._lose(plan, interval, outcome)
+                self._lose(plan, owned_interval, outcome)
             else:
-                self._advanced(interval, batch)
+                self._advanced(owned_interval, batch)
         return True
 
+    def _reports(self, quiet: list[tuple[str, int, dict[str, int], int]]) -> list[QuietReport]:
+        """One report per computation and sequencer whose quiet intervals moved since the last one."""
+        out = []
+        for computation, sequencer, positions, watermark in quiet:
+            key, state = (computation, sequencer), (tuple(sorted(positions.items())), watermark)
+            if self._reported.get(key) != state:
+                self._reported[key] = state
+                out.append(QuietReport(computation, sequencer, positions, watermark, watermark))
+        return out
+
     def _prepare(self, plan: IntervalPlan, positions: dict[str, int], intervals: list[OwnedInterval],
-                 heads: dict[str, int], wall: int) -> list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]]:
-        target = {p: max(heads.get(p, 0), positions.get(p, 0)) for p in plan.all_producers}
+                 heads: Mapping[str, Head], wall: int, quiet: list[tuple[str, int, dict[str, int], int]],
+                 ) -> list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]]:
+        consumer = self.consumers[plan.name]
+        target = {p: max(heads[p].batch if p in heads else 0, positions.get(p, 0)) for p in consumer.all_producers}
         code = self.code[plan.name]
+        shards = {i.shard for i in intervals}
         folders = ({i.shard: Folder(code, plan.name, i.claim.input_watermark) for i in intervals}
                    if isinstance(code, MonoidComputation) else {})  # a monoid's records are folded as they are read
-        records, rejected = self._read(plan, positions, target, {i.shard for i in intervals}, folders)
-        watermark = min((input_low_watermark([self._watermark_at(p, target[p]) for p in producers
-                                              if p not in plan.retired],
-                                             plan.options.percentile(stream))
-                         for stream, producers in plan.producers.items()), default=END_OF_TIME)
+        records: dict[int, list[InputRecord]] = {}
+        rejected: list[InputRecord] = []
+        ranges = plan_ranges(self.store, consumer, positions, heads, self._plans)
+        if ranges:
+            dests = sorted(shards) if len(shards) < consumer.shards else None
+            keyed = read_keyed(self.store, consumer, ranges, dests, self._shard_ids[plan.name])
+            before = min((f.before for f in folders.values()), default=None)
+            for picked in select(consumer, keyed, shards, self.fences[plan.name], folders.get, before):
+                mine, bad = records_of(consumer, picked)
+                for shard, rs in mine.items():
+                    records.setdefault(shard, []).extend(rs)
+                rejected.extend(bad)
+        watermark = input_watermark(consumer, lambda p: self._mark_at(p, target[p], heads))
         due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
         ready = []
-        for interval in intervals:
-            before = interval.claim.input_watermark
+        for owned in intervals:
+            before = owned.claim.input_watermark
             after = max(before, watermark)
-            mine = records.get(interval.shard, [])
-            folder = folders.get(interval.shard)
+            mine = records.get(owned.shard, [])
+            folder = folders.get(owned.shard)
             partials = folder.partials() if folder is not None else []
-            bad = rejected if interval.shard == 0 else []
-            if not (partials or mine or bad or interval.shard in due or after != before or target != interval.positions):
+            bad = rejected if owned.shard == 0 else []
+            if not (partials or mine or bad or owned.shard in due):
+                owned.claim = owned.claim._replace(input_watermark=after)
+                owned.positions = dict(target)
+                quiet.append((plan.name, owned.claim.sequencer, dict(target), watermark))
                 continue
-            batch = ShardBatch(plan.name, interval.shard, interval.version + 1, mine, before, after, wall,
-                               interval.claim.sequencer, plan.dedup_streams, bad, positions=dict(target),
-                               journal_as=interval_producer(plan.name, interval.shard), partials=partials)
+            batch = ShardBatch(plan.name, owned.shard, owned.version + 1, mine, before, after, wall,
+                               owned.claim.sequencer, consumer.dedup_streams, bad, positions=dict(target),
+                               journal_as=interval(plan.name, owned.shard), partials=partials)
+            routing = (Routing(plan.routing.id, owned.since or batch.batch, [])
+                       if plan.routing.subscribers else None)
             try:
                 prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
-                                               self.dedup, plan.schemas)
+                                               self.dedup, consumer.schemas, plan.routing, routing)
                 if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
-                    raise StaleBatchError(f"Interval {interval.shard} of {plan.name!r} already has batch "
+                    raise StaleBatchError(f"Interval {owned.shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,
                                           hint="this worker drops the interval and goes on")
             except (FencedWriterError, StaleBatchError) as exc:
-                self._lose(plan, interval, exc)
+                self._lose(plan, owned, exc)
                 continue
-            ready.append((plan, interval, batch, prepared))
+            ready.append((plan, owned, batch, prepared))
         return ready
 
-    def _advanced(self, interval: OwnedInterval, batch: ShardBatch) -> None:
-        interval.claim = interval.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
-        interval.positions = dict(batch.positions or {})
+    def _advanced(self, owned: OwnedInterval, batch: ShardBatch) -> None:
+        owned.claim = owned.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
+        owned.positions = dict(batch.positions or {})
+        owned.since = owned.since or batch.batch
 
-    def _lose(self, plan: IntervalPlan, interval: OwnedInterval, exc: Exception) -> None:
+    def _lose(self, plan: IntervalPlan, owned: OwnedInterval, exc: Exception) -> None:
         """Another worker owns the interval now: its writes win, this one drops it."""
-        self.owned[plan.name].pop(interval.shard, None)
-        self.fenced.append((plan.name, interval.shard, type(exc).__name__))
+        self.owned[plan.name].pop(owned.shard, None)
+        self.fenced.append((plan.name, owned.shard, type(exc).__name__))
         if self.on_fenced is not None:
-            self.on_fenced(plan.name, interval.shard, exc)
+            self.on_fenced(plan.name, owned.shard, exc)
 
-    def _watermark_at(self, producer: str, batch: int) -> int:
-        """The output watermark ``producer`` journaled with ``batch`` (immutable once journaled)."""
+    def _mark_at(self, producer: str, batch: int, heads: Mapping[str, Head]) -> int:
+        """The output watermark ``producer`` journaled with ``batch`` (immutable once journaled; at
+        its head, raised by a quiet report)."""
+        head = heads.get(producer)
+        if head is not None and head.batch == batch:
+            return head.output_watermark
         if batch == 0:
             return BEGINNING_OF_TIME
         key = (producer, batch)
-        mark = self._watermarks.get(key)
+        mark = self._marks.get(key)
         if mark is None:
             info = self.store.batch_info(producer, batch)
             mark = info.output_watermark if info is not None else BEGINNING_OF_TIME
-            if len(self._watermarks) > 10_000:
-                self._watermarks.clear()
-            self._watermarks[key] = mark
+            if len(self._marks) > 10_000:
+                self._marks.clear()
+            self._marks[key] = mark
         return mark
-
-    def _read(self, plan: IntervalPlan, positions: dict[str, int], target: dict[str, int], shards: set[int],
-              folders: dict[int, Folder]) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
-        """New records of every subscription, keyed for ``plan``; only those of ``shards`` are kept,
-        and of those, the ones a shard's folder takes (a monoid's) are folded instead."""
-        by_shard: dict[int, list[InputRecord]] = {}
-        rejected: list[InputRecord] = []
-        n = plan.options.shards
-        fold = plan.fold_streams
-        fences = self.fences[plan.name]
-        shard_ids: dict[str, int] = {}
-        for stream, producers in plan.producers.items():
-            extractor = plan.inputs[stream]
-            stream_folders = folders if stream in fold else {}
-            for producer in producers:
-                after, upto = positions.get(producer, 0), target[producer]
-                if upto <= after:
-                    continue
-                for batch, seg in _segments(self.store, plan.name, stream, producer, after, upto):
-                    alone = (_fold_fields(plan, stream, producer, batch, extractor, seg, shards, stream_folders,
-                                          shard_ids) if stream_folders and not fences else None)
-                    if alone is not None:  # folded from its field columns: only late records are left
-                        for shard, records in alone.items():
-                            by_shard.setdefault(shard, []).extend(records)
-                        continue
-                    values = _decoded(plan.name, stream, producer, batch, lambda: seg.values)
-                    keyed = extractor.many(values)
-                    keys: list[Any] = (  # a str each, or None for a rejected record
-                        keyed if keyed is not None  # else some record has no key: find which, fail or dead-letter it
-                        else self._key_each(plan, stream, extractor, producer, batch, seg, fences, rejected))
-                    schema = plan.schemas.get(stream)
-                    if schema is not None and seg.fields_schema == schema.fingerprint:
-                        schema, make = None, CheckedRecord  # its writer checked every value against it
-                    else:
-                        make = InputRecord
-                    stamps, ids = seg.timestamps, seg.ids
-                    sids = shards_of(keys, n, shard_ids)  # None for a rejected record
-                    for shard, rows in _rows_by_shard(sids, shards).items():
-                        if fences:
-                            rows = [i for i in rows if not _taken(fences, keys[i], producer, batch)]
-                        if rows and shard in stream_folders:
-                            rows = stream_folders[shard].add_many(keys, values, stamps, ids, rows, schema)
-                        if rows:
-                            by_shard.setdefault(shard, []).extend(
-                                make(stream, keys[i], values[i], stamps[i], ids[i]) for i in rows)
-        return by_shard, rejected
-
-    def _key_each(self, plan: IntervalPlan, stream: str, extractor: KeyExtractor, producer: str, batch: int,
-                  seg: SegmentColumns, fences: tuple[Fence, ...], rejected: list[InputRecord]) -> list[str | None]:
-        """A segment's keys one record at a time: one without a key stops the worker, or with
-        ``on_error="dead_letter"`` becomes a rejection (None in the keys)."""
-        keys: list[str | None] = []
-        for r in map(StoredRecord._make, zip(seg.keys, seg.values, seg.timestamps, seg.ids)):
-            try:
-                keys.append(extractor(r.value))
-                continue
-            except Exception as exc:
-                cause = f"{type(exc).__name__}: {exc}"
-                if plan.options.on_error != "dead_letter":
-                    raise BadInputError(
-                        f"Computation {plan.name!r} cannot take record {r.id!r} of stream {stream!r}: "
-                        f"failed extracting its key with {extractor.description}", got_text=cause,
-                        hint="fix the record or the key extractor, or add the computation with "
-                             "on_error='dead_letter' to route such records aside") from None
-            keys.append(None)
-            if fences and any(batch <= at.get(0, {}).get(producer, 0) for _, at in fences):
-                continue  # an earlier layout's interval 0, which takes bad input, took it
-            rejected.append(InputRecord(stream, "", _rejection(plan.name, extractor, stream, r, cause),
-                                        r.timestamp, r.id))
-        return keys
-
-
-def _segments(store: IntervalStore, name: str, stream: str, producer: str, after: int, upto: int) -> Any:
-    """The segments of ``producer`` on ``stream`` in batches (after, upto]; one that cannot be
-    decoded stops the worker with an error that names it (retrying could never get past it)."""
-    try:
-        yield from store.read_segment_columns(stream, producer, after, upto)
-    except Exception as exc:
-        raise _undecodable(name, stream, producer, f"in its batches {after + 1}..{upto}", exc) from None
-
-
-def _decoded(name: str, stream: str, producer: str, batch: int, decode: Callable[[], T]) -> T:
-    """``decode()`` (a segment's values, unpickled when first asked for), failing as ``_segments`` does."""
-    try:
-        return decode()
-    except Exception as exc:
-        raise _undecodable(name, stream, producer, f"in its batch {batch}", exc) from None
-
-
-def _undecodable(name: str, stream: str, producer: str, where: str, exc: Exception) -> BadInputError:
-    return BadInputError(
-        f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} {where}",
-        got_text=f"{type(exc).__name__}: {exc}",
-        hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
-        "a value this worker cannot unpickle: install on the workers the modules its classes come from")
-
-
-def _fold_fields(plan: IntervalPlan, stream: str, producer: str, batch: int, extractor: KeyExtractor,
-                 seg: SegmentColumns, shards: set[int], folders: dict[int, Folder],
-                 shard_ids: dict[str, int]) -> dict[int, list[InputRecord]] | None:
-    """A typed stream's segment folded from its field columns (summed by the store's columns,
-    ``columnar_totals``, or ``columnar_parts``' lists when some record may be late for one of
-    ``shards``); returns the records that travel alone (late ones) by shard, or None: the segment
-    takes the per-record path."""
-    first, schema = next(iter(folders.values())), plan.schemas.get(stream)
-    since = max((folders[s].before for s in shards), default=None)
-    totals = columnar_totals(first, extractor, seg, schema, since) if since is not None else None
-    if totals is not None:
-        mine: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
-        for (slot, summed), shard in zip(totals.items(), shards_of([k for k, _ in totals], plan.options.shards,
-                                                                     shard_ids)):
-            if shard in shards:
-                mine.setdefault(shard, {})[slot] = summed
-        for shard, owned in mine.items():
-            folders[shard].add_totals(owned)
-        return {}
-    columns = columnar_parts(first, extractor, seg, schema)
-    if columns is None:
-        return None
-    keys, parts = columns
-    out: dict[int, list[InputRecord]] = {}
-    for shard, rows in _rows_by_shard(shards_of(keys, plan.options.shards, shard_ids), shards).items():
-        late = folders[shard].add_columns(keys, parts, seg.timestamps, rows) if rows else []
-        if late:
-            out[shard] = [CheckedRecord(stream, keys[i], value, seg.timestamps[i], seg.ids[i])
-                          for i, value in zip(late, _decoded(plan.name, stream, producer, batch,
-                                                             lambda: seg.values_at(late)))]
-    return out
-
-
-def _rows_by_shard(sids: list[int | None], shards: set[int]) -> dict[int, list[int]]:
-    """The rows of each of ``shards``, in order: a C-speed pass per shard when a worker owns few."""
-    if len(shards) <= 8:
-        return {s: list(compress(range(len(sids)), map(eq, sids, repeat(s)))) for s in shards}
-    out: dict[int, list[int]] = {}
-    for i, s in enumerate(sids):
-        if s is not None and s in shards:
-            out.setdefault(s, []).append(i)
-    return out
-
-
-def _taken(fences: tuple[Fence, ...], key: str, producer: str, batch: int) -> bool:
-    """Whether an interval of an earlier layout already took this record for its key."""
-    return any(batch <= at.get(shard_of(key, n), {}).get(producer, 0) for n, at in fences)
-
-
-def _rejection(name: str, extractor: KeyExtractor, stream: str, record: Any, cause: str) -> dict[str, Any]:
-    return {"computation": name, "key": None, "at": f"failed extracting its key with {extractor.description}",
-            "stream": stream, "record_id": record.id, "value": record.value, "error": cause}

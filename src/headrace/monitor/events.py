@@ -14,9 +14,11 @@ from typing import Any
 from ..store import Store
 from ..topology import Topology
 
-__all__ = ["ALERT", "CLEARED", "ERROR", "record_error", "blamed", "active_alerts", "last_errors", "wall_ms"]
+__all__ = ["ALERT", "CLEARED", "ERROR", "FENCED", "record_error", "record_fenced", "fenced_events", "blamed",
+           "active_alerts", "last_errors", "wall_ms"]
 
 ALERT, CLEARED, ERROR = "alert", "cleared", "error"
+FENCED = "fenced"  # a continuous worker lost a key interval to another owner: its write was refused
 
 
 def wall_ms() -> int:
@@ -27,6 +29,18 @@ def record_error(store: Store, name: str, exc: BaseException, at: int | None = N
     """Remember ``exc`` as the last error of stage (or topology) ``name``."""
     store.add_event(name, ERROR, wall_ms() if at is None else at,
                     json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+
+
+def record_fenced(store: Store, interval: str, run: str, owner: str, exc: BaseException) -> None:
+    """Remember that ``owner`` (a worker of run ``run``) lost key interval ``interval`` (``C/<i>``)
+    to another owner: its commit was refused with ``exc``."""
+    store.add_event(interval, FENCED, wall_ms(),
+                    json.dumps({"run": run, "owner": owner, "type": type(exc).__name__, "message": str(exc)}))
+
+
+def fenced_events(store: Store, since_ms: int = 0) -> list[dict[str, Any]]:
+    """Every interval lost to another owner since ``since_ms``: ``{interval, at, run, owner, type, message}``."""
+    return [{"interval": e.name, "at": e.at, **json.loads(e.detail)} for e in store.events(since_ms, [FENCED])]
 
 
 def blamed(topology: Topology, exc: BaseException) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..engine.worker import interval_producer
+from ..names import CONTINUOUS, interval, meta
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import Store, open_store
 from ..store.monitoring import WHOLE_COMPUTATION
@@ -47,9 +47,11 @@ def status_of(db: Store, now_ms: int | None = None) -> dict[str, Any]:
             stages[name] = _injector(db, graph, name, injector, now)
         for name, spec in graph["computations"].items():
             stages[name] = _computation(db, graph["mode"], graph["bus"], name, spec, now, workers)
-    for name, shards in db.computations().items():  # run without a recorded topology (e.g. the harness)
+    unrecorded = [name for name in db.computations() if name not in stages]  # e.g. the harness's
+    modes = db.computation_modes(unrecorded)
+    for name, shards in db.computations().items():
         if name not in stages:
-            mode = "continuous" if db.latest_batch(interval_producer(name, 0)) else "microbatch"
+            mode = modes[name]
             spec = {"inputs": [], "outputs": [], "upstream": [], "shards": shards, "codec": None,
                     "alert_lag_ms": None}
             stages[name] = _computation(db, mode, {}, name, spec, now, workers)
@@ -137,7 +139,7 @@ def _computation(db: Store, mode: str, bus: dict[str, list[str]], name: str, spe
     shards = int(spec["shards"])
     journal = db.latest_batch(name)  # micro-batch: the driver's rows; continuous: the watermark authority's
     inp, out = (journal.input_watermark, journal.output_watermark) if journal else (BEGINNING_OF_TIME,) * 2
-    parts = [interval_producer(name, i) for i in range(shards)] if mode == "continuous" else [name]
+    parts = [interval(name, i) for i in range(shards)] if mode == CONTINUOUS else [name]
     heads = db.latest_batches(parts)
     counters = db.counters(name)
     backlog_records, backlog_batches = _backlog(db, name, mode, shards, bus, spec["inputs"])
@@ -158,7 +160,7 @@ def _backlog(db: Store, name: str, mode: str, shards: int, bus: dict[str, list[s
     interval that has read least of each producer, an upper bound that is exact when the intervals
     stand at one position, as they do once drained."""
     positions = db.all_positions(name)
-    readers = range(shards) if mode == "continuous" else [WHOLE_COMPUTATION]
+    readers = range(shards) if mode == CONTINUOUS else [WHOLE_COMPUTATION]
     producers = sorted({p for s in inputs for p in bus.get(s, [])})
     heads = db.latest_batches(producers)
     read = {p: min(positions.get(r, {}).get(p, 0) for r in readers) for p in producers}
@@ -193,9 +195,9 @@ def _owners(db: Store, name: str, now: int, workers: dict[str, dict[str, Any]]) 
 
 
 def _workers(db: Store) -> dict[str, dict[str, Any]]:
-    """Continuous mode's worker tasks by owner name, from their ``worker:<run>:<owner>`` meta rows."""
+    """Continuous mode's worker tasks by owner name, from their ``worker`` meta rows."""
     out = {}
-    for key, value in db.metas("worker:").items():
-        run, _, owner = key[len("worker:"):].partition(":")
+    for key, value in db.metas(meta.WORKER).items():
+        _, run, owner = meta.parse_worker(key)
         out[owner] = {"run": run, **json.loads(value)}
     return out

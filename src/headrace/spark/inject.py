@@ -11,13 +11,14 @@ import os
 import threading
 from typing import Any
 
-from ..engine.batch import Production, id_prefix
+from ..engine.publish import publish_injected
+from ..engine.routing import RoutingPlan
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import open_store
 from ..schema import StreamSchema
 from ..topology import Injection
-from .query import clear_unfinished_writes
+from .checkpoints import clear_unfinished_writes
 
 __all__ = ["DataFrameInjector", "is_streaming_dataframe"]
 
@@ -30,9 +31,10 @@ def is_streaming_dataframe(source: Any) -> bool:
 
 class DataFrameInjector:
     def __init__(self, injection: Injection, producer: str, url: str, checkpoint_root: str, trigger_ms: int,
-                 schema: StreamSchema | None = None):
+                 schema: StreamSchema | None, plan: RoutingPlan):
         self.stream, self.df, self.producer, self.url = injection.stream, injection.source, producer, url
-        self.schemas = {self.stream: schema} if schema is not None else None
+        self.schema, self.plan = schema, plan
+        self._since: int | None = None
         options = injection.options  # checked by Topology.inject
         self.ts_column = options.timestamp
         self.id_column = options.id
@@ -71,24 +73,26 @@ class DataFrameInjector:
 
     def _publish(self, df: Any, batch_id: int) -> None:
         rows = [r.asDict(recursive=True) for r in df.collect()]
-        records = []
-        prefix = id_prefix(self.producer, batch_id + 1)
-        for n, row in enumerate(rows):
+        records: list[tuple[Any, int, str | None]] = []
+        for row in rows:
             ts = row.pop(_TS)
             if ts is None:
                 raise OptionError(f"Stream {self.stream!r} got a row with no {self.ts_column!r}", got=row,
                                   hint="filter such rows out of the DataFrame, or fill the column")
             self._high = ts if self._high is None or ts > self._high else self._high
-            rid = str(row[self.id_column]) if self.id_column else f"{prefix}{n}"
-            records.append(Production(self.stream, None, row, ts, rid))
+            records.append((row, ts, str(row[self.id_column]) if self.id_column else None))
         watermark = BEGINNING_OF_TIME if self._high is None else self._high - self.max_delay_ms
         store = open_store(self.url)
         try:
-            store.publish(self.producer, batch_id + 1, {self.stream: records}, watermark,
-                          None if self._high is None else str(self._high), self.schemas)
+            if self._since is None:
+                self._since = batch_id + 1
+                if self.plan.subscribers:
+                    store.register_plan(self.plan.id, self.plan.routes)
+            self.published += publish_injected(store, self.producer, batch_id + 1, self.stream, records, watermark,
+                                               None if self._high is None else str(self._high), self.schema,
+                                               self.plan, self._since)
         finally:
             store.close()
-        self.published += len(records)
         self.watermark = max(self.watermark, watermark)
 
     def _finish_when_done(self) -> None:
@@ -98,7 +102,7 @@ class DataFrameInjector:
         store = open_store(self.url)
         try:
             last = store.latest_batch(self.producer)
-            store.publish(self.producer, (last.batch if last else 0) + 1, {}, END_OF_TIME, str(self._high))
+            store.publish(self.producer, (last.batch if last else 0) + 1, {}, END_OF_TIME, str(self._high))  # no records
         finally:
             store.close()
         self.watermark = END_OF_TIME

@@ -1,8 +1,9 @@
 """One Structured Streaming query per computation.
 
-    headrace source ──► extract keys (mapInArrow) ──► repartition by key shard ──► shard tasks
-    (mapInArrow: load, run user code, commit one transaction each) ──► collect results on the
-    driver ──► journal the batch as complete with the computation's output low watermark.
+    headrace source (read through the intake, rows bound to their shard) ──► repartition by
+    shard ──► shard tasks (mapInArrow: decode, load, run user code, commit one transaction
+    each) ──► collect results on the driver ──► journal the batch as complete with the
+    computation's output low watermark (from the batch's offsets, as the source derives it).
 
 The batch number every shard commits under is Spark's batch id + 1, so a batch Spark replays
 after a crash finds its shards already committed and re-delivers instead of re-running.
@@ -15,107 +16,96 @@ import os
 import pickle
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 
+import pyarrow.compute as pc
+
 from ..engine import DedupCache, InputRecord, Partial, ShardBatch, finish_batch, run_shard_batch
-from ..engine.monoid import fold_streams
+from ..engine.batch import Routing
+from ..engine.intake import Consumer, decode_rows, reject_rows
+from ..engine.routing import RoutingPlan
 from ..errors import UserCodeError
-from ..model import BEGINNING_OF_TIME, MonoidComputation
-from ..schema import StreamSchema
+from ..model import BEGINNING_OF_TIME
+from ..names import MICROBATCH
 from ..store import open_store, shared_store
 from ..store.monitoring import WHOLE_COMPUTATION
-from ..topology import ComputationSpec, Topology
-from .keying import CONTROL, KEYED_SCHEMA, PARTIAL, REJECTED, Keying, ddl
+from ..topology import ComputationSpec
+from .checkpoints import clear_unfinished_writes, logged_offset, offsets_read
+from .rows import CHECKED, CONTROL, PARTIAL, RECORD, REJECTED, ROW_SCHEMA, ddl
+from .source import batch_watermark, encode_plan
 
 __all__ = ["ComputationQuery", "QueryStats"]
 
 # One row per shard a task ran: how its batch ended, for the driver.
 RESULT_SCHEMA = pa.schema([("shard", pa.int32()), ("outcome", pa.string()), ("counters", pa.string()),
-                           ("productions", pa.int64()), ("wm_after", pa.int64())])
+                           ("productions", pa.int64())])
 RESULT_DDL = ddl(RESULT_SCHEMA)
 
 _DEDUP = DedupCache()
 
 
-
-
-def make_shard_task(spec: ComputationSpec, url: str, batch_no: int, sequencer: int,
-                    dedup_streams: frozenset[str], schemas: dict[str, StreamSchema]) -> Callable[..., Iterator[pa.RecordBatch]]:
+def make_shard_task(spec: ComputationSpec, consumer: Consumer, url: str, batch_no: int, sequencer: int,
+                    routing_plan: RoutingPlan, routing: Routing | None) -> Callable[..., Iterator[pa.RecordBatch]]:
     name, options, cls = spec.name, spec.options, spec.cls
     outputs = frozenset(spec.outputs)
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=KEYED_SCHEMA)
+        table = pa.Table.from_batches(list(batches), schema=ROW_SCHEMA)
         if table.num_rows == 0:
             return
-        table = table.sort_by([("shard", "ascending"), ("kind", "ascending")])
+        table = table.take(pc.sort_indices(table, [("shard", "ascending")]))  # stable: each shard's rows in order
         shards_col = table.column("shard").to_numpy()
         starts = [0, *(int(i) + 1 for i in (shards_col[1:] != shards_col[:-1]).nonzero()[0]), len(shards_col)]
-        per_shard: dict[int, list[InputRecord]] = {}
-        partials: dict[int, list[Partial]] = {}
-        rejected: dict[int, list[InputRecord]] = {}
-        control: dict[int, tuple[int, int, int]] = {}
-        for lo, hi in zip(starts, starts[1:]):
-            part = table.slice(lo, hi - lo)
-            shard = int(shards_col[lo])
-            kinds = part.column("kind").to_pylist()
-            for kind, records in _decode_rows(part, kinds).items():
-                if kind == CONTROL:
-                    c = records[0]
-                    control[shard] = (c.wm_before, c.wm_after, c.wall)  # type: ignore[attr-defined]
-                elif kind == REJECTED:
-                    rejected[shard] = [r._replace(key="") for r in records]
-                elif kind == PARTIAL:
-                    partials[shard] = records
-                else:
-                    per_shard[shard] = records
         store = shared_store(url)
         computation = cls()
-        rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": [], "wm_after": []}
-        for shard in sorted(control):
-            wm_before, wm_after, wall = control[shard]
-            batch = ShardBatch(name, shard, batch_no, per_shard.get(shard, []), wm_before, wm_after, wall,
-                               sequencer, dedup_streams, rejected.get(shard, []), partials=partials.get(shard, []))
-            result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP, schemas)
+        rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": []}
+        for lo, hi in zip(starts, starts[1:]):
+            shard = int(shards_col[lo])
+            control, records, rejected, partials = _shard_input(consumer, table.slice(lo, hi - lo))
+            if control is None:
+                continue
+            wm_before, wm_after, wall = control
+            batch = ShardBatch(name, shard, batch_no, records, wm_before, wm_after, wall, sequencer,
+                               consumer.dedup_streams, rejected, partials=partials)
+            result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP, consumer.schemas,
+                                     routing_plan, routing)
             rows["shard"].append(shard)
             rows["outcome"].append(result.state.value)
             rows["counters"].append(json.dumps(result.counters))
             rows["productions"].append(len(result.productions))
-            rows["wm_after"].append(wm_after)
         yield pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)
     return task
 
 
-class _Control(NamedTuple):
-    wm_before: int
-    wm_after: int
-    wall: int
-
-
-def _decode_rows(part: pa.Table, kinds: list[int]) -> dict[int, list[Any]]:
-    """One shard's rows (sorted by kind) as InputRecords per kind, values unpickled, in bulk."""
-    out: dict[int, list[Any]] = {}
-    start = 0
-    while start < len(kinds):
-        kind = kinds[start]
-        end = start
-        while end < len(kinds) and kinds[end] == kind:
-            end += 1
-        rows = part.slice(start, end - start)
+def _shard_input(consumer: Consumer, part: pa.Table) -> tuple[tuple[int, int, int] | None, list[InputRecord],
+                                                                list[InputRecord], list[Partial]]:
+    """One shard's rows as its batch's input: the control row's watermarks and wall clock, its
+    records (values decoded once), its rejected ones and its partial aggregates."""
+    kinds = part.column("kind").to_pylist()
+    col = {name: part.column(name).to_pylist() for name in ("stream", "key", "value", "timestamp", "id", "error")}
+    control = None
+    records: list[InputRecord] = []
+    rejected: list[InputRecord] = []
+    partials: list[Partial] = []
+    plain = [i for i, k in enumerate(kinds) if k in (RECORD, CHECKED)]
+    if plain:
+        good, bad = decode_rows(consumer, *[[col[c][i] for i in plain] for c in ("stream", "key", "value", "timestamp", "id")],
+                                [kinds[i] == CHECKED for i in plain])
+        records.extend(good)
+        rejected.extend(bad)
+    refused = [i for i, k in enumerate(kinds) if k == REJECTED]
+    if refused:
+        rejected.extend(reject_rows(consumer, *[[col[c][i] for i in refused]
+                                                for c in ("stream", "value", "timestamp", "id", "error")]))
+    for i, kind in enumerate(kinds):
         if kind == PARTIAL:
-            out[kind] = [Partial(key, window, *pickle.loads(value)) for key, window, value in zip(
-                rows.column("key").to_pylist(), rows.column("timestamp").to_pylist(), rows.column("value").to_pylist())]
+            partials.append(Partial(col["key"][i], col["timestamp"][i], *pickle.loads(col["value"][i])))
         elif kind == CONTROL:
-            out[kind] = [_Control(rows.column("wm_before")[0].as_py(), rows.column("wm_after")[0].as_py(),
-                                  rows.column("wall")[0].as_py())]
-        else:
-            out[kind] = list(map(InputRecord, rows.column("stream").to_pylist(), rows.column("key").to_pylist(),
-                                 map(pickle.loads, rows.column("value").to_pylist()),
-                                 rows.column("timestamp").to_pylist(), rows.column("id").to_pylist()))
-        start = end
-    return out
+            control = (part.column("wm_before")[i].as_py(), part.column("wm_after")[i].as_py(),
+                       part.column("wall")[i].as_py())
+    return control, records, rejected, partials
 
 
 @dataclass
@@ -124,28 +114,26 @@ class QueryStats:
     input_watermark: int = BEGINNING_OF_TIME
     output_watermark: int = BEGINNING_OF_TIME
     counters: dict[str, int] = field(default_factory=dict)
-    last_batch_ms: float = 0.0
 
 
 class ComputationQuery:
     """Starts, runs and stops the streaming query of one computation."""
 
-    def __init__(self, spark: Any, topology: Topology, spec: ComputationSpec, store_url: str,
+    def __init__(self, spark: Any, spec: ComputationSpec, consumer: Consumer, routing: RoutingPlan, store_url: str,
                  checkpoint_root: str, trigger_ms: int = 200, start: str = "beginning",
                  on_batch: Callable[[], None] | None = None):
         self.spark = spark
         self.on_batch = on_batch  # told after each batch's numbers are in ``stats``
-        self.spec = spec
+        self.spec, self.consumer, self.routing = spec, consumer, routing
         self.url = store_url
         self.checkpoint = os.path.join(checkpoint_root, spec.name)
         self.trigger_ms = trigger_ms
         self.start_from = start
         self.store = open_store(store_url)
-        self.store.register(spec.name, spec.options.shards)
+        self.store.register(spec.name, spec.options.shards, MICROBATCH)
         self.sequencer = self.store.acquire_writer(spec.name)
-        self.subscriptions = [(s, p) for s in spec.inputs for p in topology.producers(s)]
-        self.dedup_streams = topology.dedup_streams(spec.name)
-        self.schemas = topology.checked_schemas(spec.name)
+        if routing.subscribers:
+            self.store.register_plan(routing.id, routing.routes)
         last = self.store.latest_batch(spec.name)
         self.stats = QueryStats()
         if last is not None:
@@ -153,23 +141,14 @@ class ComputationQuery:
         self.error: BaseException | None = None
         self.query: Any = None
         self.last_batch_id = -1
+        self._plan_since: int | None = None  # this run's first batch: every later one follows its routing plan
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        import time
-
-        cls = self.spec.cls
-        keying = Keying(self.spec.name, dict(self.spec.inputs), self.spec.options.shards,
-                        self.spec.options.on_error == "dead_letter",
-                        cls() if issubclass(cls, MonoidComputation) else None,
-                        fold_streams(self.spec.inputs, self.dedup_streams), self.schemas)
         df = (self.spark.readStream.format("headrace")
-              .option("store", self.url).option("computation", self.spec.name)
-              .option("subscriptions", json.dumps(self.subscriptions)).option("start", self.start_from)
-              .option("keying", keying.to_option())
-              .option("parallelism", str(self.spark.sparkContext.defaultParallelism))
-              .option("percentiles", json.dumps(dict(self.spec.options.watermark_percentile))).load())
-        self._started = time.time()
+              .option("store", self.url).option("plan", encode_plan(self.consumer, self.spec.cls))
+              .option("start", self.start_from)
+              .option("parallelism", str(self.spark.sparkContext.defaultParallelism)).load())
         df = observe_progress(df)
         clear_unfinished_writes(self.checkpoint)
         self.query = (df.writeStream.foreachBatch(self._on_batch)
@@ -179,24 +158,23 @@ class ComputationQuery:
                       .start())
 
     def _on_batch(self, df: Any, batch_id: int) -> None:
-        import time
-
-        began = time.perf_counter()
         spec, batch_no = self.spec, batch_id + 1
-        shards = spec.options.shards
+        end = logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id))) or {"b": {}}
         records = self.batch_records(batch_id)
         df.sparkSession.sparkContext.setJobDescription(
             f"headrace {spec.name}: batch {batch_no}, {'?' if records is None else records} records")
-        results = (df.repartition(shards, "part")
-                   .mapInArrow(make_shard_task(spec, self.url, batch_no, self.sequencer, self.dedup_streams,
-                                               self.schemas),
-                               RESULT_DDL)
+        self._plan_since = self._plan_since or batch_no
+        routing = Routing(self.routing.id, self._plan_since, []) if self.routing.subscribers else None
+        results = (df.repartition(spec.options.shards, "part")
+                   .mapInArrow(make_shard_task(spec, self.consumer, self.url, batch_no, self.sequencer, self.routing,
+                                               routing), RESULT_DDL)
                    .collect())
         self.last_batch_id = batch_id
-        if not results:
-            return
-        wm_after = results[0].wm_after
-        out = finish_batch(self.store, spec.name, batch_no, wm_after, self.stats.output_watermark, self.sequencer)
+        # the same watermark the source's control rows carried: both derive it from the offsets alone
+        consumer = self.consumer.with_parts({s: list(end["b"]) for s in self.consumer.inputs})
+        wm_after = batch_watermark(self.store, consumer, end)
+        out = finish_batch(self.store, spec.name, batch_no, wm_after, self.stats.output_watermark, self.sequencer,
+                           routing)
         read = offsets_read(self.checkpoint, batch_id)
         if read is not None:
             self.store.record_positions(spec.name, WHOLE_COMPUTATION, read)
@@ -207,22 +185,21 @@ class ComputationQuery:
             for row in results:
                 for k, v in json.loads(row.counters).items():
                     self.stats.counters[k] = self.stats.counters.get(k, 0) + v
-            self.stats.last_batch_ms = (time.perf_counter() - began) * 1000
         if self.on_batch is not None:
             self.on_batch()
 
     def batch_records(self, batch_id: int) -> int | None:
         """How many records Spark batch ``batch_id`` reads: its offsets are in the query's offset log
         before it runs (``None`` when the start is unknown: the first batch of a late start)."""
-        end = _logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id)))
+        end = logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id)))
         if batch_id > 0:
-            start = _logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id - 1)))
+            start = logged_offset(os.path.join(self.checkpoint, "offsets", str(batch_id - 1)))
         else:
             start = {"b": {}} if self.start_from == "beginning" else None
         if end is None or start is None:
             return None
         return sum(self.store.segment_records(stream, p, start["b"].get(p, 0), end["b"].get(p, 0))
-                   for stream, p in self.subscriptions)
+                   for stream, producers in self.consumer.producers.items() for p in producers)
 
     def check(self) -> None:
         """Raise the query's failure, if it failed."""
@@ -247,31 +224,6 @@ class ComputationQuery:
         self.store.close()
 
 
-def offsets_read(checkpoint: str, batch_id: int) -> dict[str, int] | None:
-    """The producer batches Spark's offset log says batch ``batch_id`` read up to (its source's end
-    offset, docs/monitoring.md), or None if the log is not in the expected form."""
-    end = _logged_offset(os.path.join(checkpoint, "offsets", str(batch_id)))
-    try:
-        return {str(p): int(b) for p, b in end["b"].items()} if end is not None else None
-    except (KeyError, TypeError, AttributeError, ValueError):
-        return None
-
-
-def clear_unfinished_writes(checkpoint: str) -> list[str]:
-    """Delete the temporary files a killed driver left in a query's offset and commit logs. Spark
-    writes ``.N.<uuid>.tmp`` and renames it to ``N``; a query killed before its first rename is
-    refused on every restart (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``). Spark never reads a
-    temporary file, and a query's checkpoint has one driver, so they are safe to delete."""
-    removed = []
-    for log in ("offsets", "commits"):
-        folder = os.path.join(checkpoint, log)
-        for name in os.listdir(folder) if os.path.isdir(folder) else ():
-            if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".tmp.crc")):
-                os.remove(os.path.join(folder, name))
-                removed.append(os.path.join(log, name))
-    return removed
-
-
 def observe_progress(df: Any) -> Any:
     """Observed metrics in each batch's ``StreamingQueryProgress.observedMetrics["headrace_batch"]``:
     the computation's input low watermark after the batch, and the records and rejected (bad
@@ -283,14 +235,6 @@ def observe_progress(df: Any) -> Any:
     return df.observe("headrace_batch", watermark.alias("watermark"),
                       F.count(F.when(F.col("kind") != CONTROL, 1)).alias("records"),
                       F.count(F.when(F.col("kind") == REJECTED, 1)).alias("rejected"))
-
-
-def _logged_offset(path: str) -> dict | None:
-    try:
-        with open(path) as f:
-            return json.loads(f.read().splitlines()[-1])  # type: ignore[no-any-return]
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def failure_detail(exc: Any) -> str:

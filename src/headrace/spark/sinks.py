@@ -16,7 +16,8 @@ from typing import Any
 from ..errors import OptionError, UserCodeError
 from ..topology import SinkSpec, Topology, libpq_url
 from .frames import stream_frame
-from .query import clear_unfinished_writes, failure_detail
+from .checkpoints import clear_unfinished_writes
+from .query import failure_detail
 
 __all__ = ["SinkQuery", "start_sinks", "jdbc_jars"]
 

@@ -1,16 +1,20 @@
-"""The ``headrace`` Spark streaming source: a consumer's view of its input streams.
+"""The ``headrace`` Spark streaming source: a micro-batch computation's view of its input streams.
 
-An offset is ``{"b": {producer: last completed batch}, "wall": ms}``. A micro-batch reads every
-segment its producers completed in (start, end] and one control row that carries the input low
-watermark before and after the batch and the wall clock, all derived from the offsets alone, so a
-replayed batch sees exactly what the first attempt saw. The offset moves when a producer completes
-a batch (data or only a watermark) or when a wall timer of the consumer falls due, which starts a
-batch even with no rows, so timers fire.
+An offset is ``{"b": {producer: last completed batch}, "wall": ms}``. A micro-batch reads what its
+producers completed in (start, end] through the intake (``engine/intake.py``): the computation's
+routed segments, split among the read tasks by shard, and, for batches not routed for it, the
+streams' segments, split by batch and keyed in the read. One control row per shard carries the
+input low watermark before and after the batch and the wall clock, all derived from the offsets
+alone, so a replayed batch sees exactly what the first attempt saw. The offset moves when a
+producer completes a batch (data or only a watermark) or when a wall timer of the consumer falls
+due, which starts a batch even with no rows, so timers fire.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -18,31 +22,40 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from ..engine.watermark import input_low_watermark
-from ..model import BEGINNING_OF_TIME
+from ..engine.intake import Consumer, Range, input_watermark, plan_ranges, read_keyed, select
+from ..engine.monoid import Folder
+from ..model import BEGINNING_OF_TIME, Computation, MonoidComputation
 from ..store import open_store, shared_store
-from ..store.segments import decode_segment
-from .keying import CONTROL, KEYED_DDL, RECORD, SOURCE_SCHEMA, Keying
+from .rows import ROW_DDL, control_rows, partial_rows, partition_labels, selected_rows
 
-__all__ = ["HeadraceSource"]
+__all__ = ["HeadraceSource", "encode_plan", "batch_watermark"]
 
+
+def encode_plan(consumer: Consumer, cls: type[Computation]) -> str:
+    """A computation's read side and class, for the source's options."""
+    from pyspark import cloudpickle
+
+    return base64.b64encode(cloudpickle.dumps((consumer, cls))).decode()
+
+
+def _decode_plan(text: str) -> tuple[Consumer, type[Computation]]:
+    return pickle.loads(base64.b64decode(text))  # type: ignore[no-any-return]
+
+
+def batch_watermark(store: Any, consumer: Consumer, offset: dict) -> int:
+    """The consumer's input low watermark once it has read up to ``offset``."""
+    heads = store.heads_at(offset.get("b", {}))
+    return input_watermark(consumer, lambda p: heads[p].output_watermark if p in heads else BEGINNING_OF_TIME)
 
 
 @dataclass
-class ControlPartition(InputPartition):
-    wm_before: int
-    wm_after: int
-    wall: int
+class ReadPart(InputPartition):
+    """One read task: ``ranges`` of the consumer's shards ``dests`` (every shard: None)."""
 
-
-@dataclass
-class SegmentRange(InputPartition):
-    stream: str
-    producer: str
-    after: int
-    upto: int
-    control: ControlPartition | None = None  # the batch's control row rides along with one range
-    wm_before: int = BEGINNING_OF_TIME  # the batch's input watermark before: a monoid's read folds no late record
+    ranges: list[Range]
+    dests: list[int] | None
+    wm_before: int  # the batch's input watermark before: a monoid's read folds no late record
+    control: tuple[int, int, int] | None = None  # (watermark before, after, wall clock): the first part's
 
 
 class LazyStore:
@@ -64,18 +77,16 @@ class LazyStore:
 
 
 class HeadraceSource(DataSource):
-    """Options: ``store`` (URL), ``computation``, ``subscriptions`` (JSON list of [stream, producer]),
+    """Options: ``store`` (URL), ``plan`` (``encode_plan``: the computation's read side and class),
     ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
-    ``keying`` (the consumer's ``Keying``, serialized: rows come out keyed and bound to a shard),
-    ``parallelism`` (how many read tasks a batch may use: Spark's default parallelism),
-    ``percentiles`` (JSON ``{stream: p}``: the computation's ``watermark_percentile``)."""
+    ``parallelism`` (how many read tasks a batch may use: Spark's default parallelism)."""
 
     @classmethod
     def name(cls) -> str:
         return "headrace"
 
     def schema(self) -> str:
-        return KEYED_DDL
+        return ROW_DDL
 
     def streamReader(self, schema: Any) -> "HeadraceReader":
         return HeadraceReader(self.options)
@@ -84,103 +95,88 @@ class HeadraceSource(DataSource):
 class HeadraceReader(LazyStore, DataSourceStreamReader):
     def __init__(self, options: dict[str, str]):
         self.url = options["store"]
-        self.computation = options["computation"]
-        self.subscriptions: list[tuple[str, str]] = [tuple(s) for s in json.loads(options["subscriptions"])]
-        self.producers = sorted({p for _, p in self.subscriptions})
+        self.consumer, self.cls = _decode_plan(options["plan"])
         self.start = options.get("start", "beginning")
-        self.keying = Keying.from_option(options["keying"])
         self.parallelism = max(1, int(options.get("parallelism", "2")))
-        self.percentiles: dict[str, float] = json.loads(options.get("percentiles", "{}"))
+        self.labels = partition_labels(self.consumer.shards)
+        self._plans: dict[str, Any] = {}
+        self._discovered = 0.0
 
-    def _latest(self) -> dict[str, int]:
-        latest = {}
-        for p in self.producers:
-            info = self.store.latest_batch(p)
-            latest[p] = info.batch if info else 0
-        return latest
+    def _producers(self) -> list[str]:
+        """Its producers, with the injector parts declared since it started (looked up each second)."""
+        if time.monotonic() - self._discovered > 1.0:
+            self._discovered = time.monotonic()
+            self.consumer = self.consumer.with_parts({s: self.store.stream_producers(s) for s in self.consumer.inputs})
+        return self.consumer.all_producers
 
     def initialOffset(self) -> dict:
+        producers = self._producers()
         if self.start == "now":
-            batches = self._latest()
+            batches = self.store.latest_batches(producers)
         elif self.start == "beginning":
-            batches = {p: 0 for p in self.producers}
+            batches = {}
         else:  # replay from a time: every batch completed at or after it
-            batches = {p: self.store.batch_before(p, int(self.start)) for p in self.producers}
-        return {"b": batches, "wall": 0}
+            batches = {p: self.store.batch_before(p, int(self.start)) for p in producers}
+        return {"b": {p: batches.get(p, 0) for p in producers}, "wall": 0}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
-        batches = self._latest()
+        producers = self._producers()
+        heads = self.store.latest_batches(producers)
         previous = start or {"b": {}, "wall": 0}
         wall = previous.get("wall", 0)
         now = int(time.time() * 1000)
-        due = self.store.next_wall_timer(self.computation)
+        due = self.store.next_wall_timer(self.consumer.name)
         if due is not None and due <= now and due > wall:
             wall = now
-        return {"b": {p: max(batches[p], previous["b"].get(p, 0)) for p in self.producers}, "wall": wall}
-
-    def _watermark(self, offset: dict) -> int:
-        marks: dict[str, int] = {}
-        for p in self.producers:
-            batch = offset["b"].get(p, 0)
-            info = self.store.batch_info(p, batch) if batch else None
-            marks[p] = info.output_watermark if info else BEGINNING_OF_TIME
-        streams: dict[str, list[int]] = {}
-        for stream, producer in self.subscriptions:
-            streams.setdefault(stream, []).append(marks[producer])
-        return min((input_low_watermark(ms, self.percentiles.get(s, 100.0)) for s, ms in streams.items()),
-                   default=input_low_watermark([]))
+        return {"b": {p: max(heads.get(p, 0), previous["b"].get(p, 0)) for p in producers}, "wall": wall}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         if start == end:
             return []
-        control = ControlPartition(self._watermark(start), self._watermark(end), end.get("wall", 0))
-        parts: list[SegmentRange] = []
-        for stream, producer in self.subscriptions:
-            first, last = start["b"].get(producer, 0), end["b"][producer]
-            # as many read tasks as cores: enough to read and key on all of them, and no more,
-            # since every task costs a round trip to a Python worker whatever its size
-            step = max(1, -(-(last - first) // self.parallelism))
-            parts.extend(SegmentRange(stream, producer, b, min(b + step, last), wm_before=control.wm_before)
-                         for b in range(first, last, step))
+        consumer = self.consumer
+        control = (batch_watermark(self.store, consumer, start), batch_watermark(self.store, consumer, end),
+                   end.get("wall", 0))
+        ranges = plan_ranges(self.store, consumer, start["b"], self.store.heads_at(end["b"]), self._plans)
+        routed = [r for r in ranges if r.layout == consumer.shards]
+        keyed_here = [r for r in ranges if r.layout != consumer.shards]
+        # as many read tasks as cores: enough to read on all of them, and no more, since every
+        # task costs a round trip to a Python worker whatever its size
+        tasks = min(self.parallelism, consumer.shards)
+        before = control[0]
+        parts = [ReadPart(routed, list(range(i, consumer.shards, tasks)), before) for i in range(tasks)] if routed else []
+        for r in keyed_here:
+            step = max(1, -(-(r.upto - r.after) // self.parallelism))
+            parts.extend(ReadPart([r._replace(after=b, upto=min(b + step, r.upto))], None, before)
+                         for b in range(r.after, r.upto, step))
         if not parts:
-            return [control]
+            return [ReadPart([], [], before, control)]
         parts[0].control = control
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        control = partition if isinstance(partition, ControlPartition) else partition.control  # type: ignore[attr-defined]
-        if control is not None:
-            yield self.keying.apply(pa.RecordBatch.from_pydict({
-                "kind": [CONTROL], "stream": [None], "key": [None], "value": [None], "timestamp": [0], "id": [None],
-                "wm_before": [control.wm_before], "wm_after": [control.wm_after], "wall": [control.wall],
-            }, schema=SOURCE_SCHEMA))
-        if not isinstance(partition, SegmentRange):
+        part: ReadPart = partition  # type: ignore[assignment]
+        consumer = self.consumer
+        if part.control is not None:
+            yield control_rows(consumer.shards, self.labels, *part.control)
+        if not part.ranges:
             return
         store = shared_store(self.url)
-        folder = self.keying.folder(partition.wm_before)
-        for _, _, blob in store.segment_blobs(partition.stream, partition.producer, partition.after, partition.upto):
-            table = decode_segment(blob)
-            if folder is not None:
-                table = self.keying.fold_fields(table, partition.stream, folder)
-            for rb in _as_source_batches(table, partition.stream):
-                yield self.keying.apply(rb, folder)
-        if folder is not None and folder.slots:
-            yield self.keying.partial_rows(folder)
+        folders: dict[int, Folder] = {}
+        monoid = self.cls() if issubclass(self.cls, MonoidComputation) else None
+
+        def folder_of(shard: int) -> Folder | None:
+            if monoid is None:
+                return None
+            if shard not in folders:
+                folders[shard] = Folder(monoid, consumer.name, part.wm_before)
+            return folders[shard]
+
+        keyed = read_keyed(store, consumer, part.ranges, part.dests, {})
+        for picked in select(consumer, keyed, None if part.dests is None else set(part.dests), (), folder_of,
+                             part.wm_before if monoid is not None else None):
+            yield selected_rows(picked, self.labels, consumer.schemas)
+        if any(f.slots for f in folders.values()):
+            yield partial_rows(folders, self.labels)
 
     def commit(self, end: dict) -> None:
         pass
-
-
-def _as_source_batches(table: pa.Table, stream: str) -> Iterator[pa.RecordBatch]:
-    n = table.num_rows
-    if n == 0:
-        return
-    zeros = pa.array([0] * n, pa.int64())
-    full = pa.table({
-        "kind": pa.array([RECORD] * n, pa.int8()),
-        "stream": pa.array([stream] * n, pa.string()),
-        "key": table.column("key"), "value": table.column("value"),
-        "timestamp": table.column("timestamp"), "id": table.column("id"),
-        "wm_before": zeros, "wm_after": zeros, "wall": zeros,
-    }, schema=SOURCE_SCHEMA)
-    yield from full.to_batches()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import OptionError
@@ -29,9 +30,10 @@ def shared_store(url: str) -> Store:
     return store
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, clock: Callable[[], int] | None = None) -> Store:
     """Open the store a URL names: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
-    ``postgresql://user:password@host:5432/database``."""
+    ``postgresql://user:password@host:5432/database``. ``clock`` (ms since the epoch) stamps what
+    the store records the time of (journal rows, segments): tests inject one."""
     if not isinstance(url, str):
         raise OptionError("A store is named by a URL string", got=url,
                           hint=f"pass store={DEFAULT_STORE_URL!r}")
@@ -46,11 +48,11 @@ def open_store(url: str) -> Store:
         if sync not in ("OFF", "NORMAL", "FULL", "EXTRA") or options:
             raise OptionError("Unknown SQLite store option", got=parsed.query,
                               hint="the one option is synchronous=OFF|NORMAL|FULL|EXTRA")
-        return SQLiteStore(path, synchronous=sync, failpoint=failpoint_from_env())
+        return SQLiteStore(path, synchronous=sync, failpoint=failpoint_from_env(), clock=clock)
     if parsed.scheme in ("postgresql", "postgres"):
         if not parsed.path.strip("/"):
             raise OptionError("A PostgreSQL store URL needs a database name", got=url,
                               hint="write postgresql://user@host:5432/database")
-        return PostgresStore(url, failpoint=failpoint_from_env())
+        return PostgresStore(url, failpoint=failpoint_from_env(), clock=clock)
     raise OptionError("Unknown store URL scheme", got=url,
                       hint="use sqlite:///path/file.db or postgresql://user@host:5432/database")

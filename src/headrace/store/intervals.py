@@ -9,31 +9,21 @@ claims and renews them in seconds, and the authority reads them all in one query
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+import json
+from typing import Any, Mapping
 
-from ..engine.ports import IntervalClaim
+from ..engine.ports import Head, IntervalClaim
 from ..errors import StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
-from .rescale import fences_of
+from ..names import interval, parse_producer
+from .bus import BusQueries
+from .rescale import Rescaling
 
 __all__ = ["IntervalQueries"]
 
 
-class IntervalQueries:
-    """Mixed into ``SQLStore``; uses its query helpers, transactions and sequencer."""
-
-    FOR_UPDATE: str
-    shown_url: str
-
-    if TYPE_CHECKING:
-        def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
-        def _one(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
-        def _x(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
-        def _xmany(self, sql: str, rows: list[tuple]) -> None: ...
-        def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]: ...
-        def _values(self, column: str, values: list[str]) -> tuple[str, Any]: ...
-        def _transaction(self, begin: str | None = None) -> Any: ...
-        def _next_sequencer(self, computation: str) -> int: ...
+class IntervalQueries(Rescaling, BusQueries):
+    """Claims, leases, quiet intervals and the watermarks consumers and the authority read."""
 
     def claim_intervals(self, computation: str, shards: list[int], owner: str, now: int,
                         lease_until: int) -> dict[int, IntervalClaim]:
@@ -65,28 +55,42 @@ class IntervalQueries:
             taken = {int(s): (int(v), int(w)) for s, o, u, v, w in rows if o is None or o == owner or u < now}
             if not taken:
                 return {}
-            positions: dict[int, dict[str, int]] = {s: {} for s in taken}
             condition, param = self._in_list("shard", sorted(taken))
-            self._x(f"UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? "
-                    f"AND {condition}", (sequencer, owner, lease_until, computation, param))
+            # where each stands: its own commits, or further where its last owner reported it quiet
+            quiet = self._quiet_marks(computation, condition, param)
+            for s, (_, inp, _) in quiet.items():
+                if s in taken:
+                    taken[s] = (taken[s][0], max(taken[s][1], inp))
+            positions = {s: dict(quiet[s][0]) if s in quiet else {} for s in taken}
             for s, p, b in self._all(f"SELECT shard, producer, batch FROM positions WHERE computation = ? "
                                      f"AND {condition}", (computation, param)):
-                positions[int(s)][str(p)] = int(b)
+                own = positions[int(s)]
+                own[str(p)] = max(own.get(str(p), 0), int(b))
+            self._x(f"UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? "
+                    f"AND {condition}", (sequencer, owner, lease_until, computation, param))
             # read again under the computation's lock, which a rescaling takes too
             count = int(self._one("SELECT shards FROM computations WHERE name = ?", (computation,))[0])
-            fences = fences_of(self, computation)
+            fences = self.fences_of(computation)
         return {s: IntervalClaim(sequencer, v, w, positions[s], count, fences) for s, (v, w) in taken.items()}
 
-    def renew_intervals(self, computation: str, sequencers: dict[int, int], owner: str,
-                        lease_until: int) -> set[int]:
-        """Extend the leases still held under these sequencers; returns the intervals kept."""
-        kept: set[int] = set()
-        with self._transaction():
-            for sequencer, condition, param in self._by_sequencer(sequencers):
-                kept.update(int(r[0]) for r in self._all(
-                    f"UPDATE shards SET lease_until = ? WHERE computation = ? AND sequencer = ? AND owner = ? "
-                    f"AND {condition} RETURNING shard", (lease_until, computation, sequencer, owner, param)))
-        return kept
+    def renew_leases(self, owner: str, lease_until: int) -> dict[tuple[str, int], int]:
+        """Extend every lease ``owner`` still holds, in one statement; returns each kept interval's
+        sequencer by (computation, interval): one taken by another owner since is not among them."""
+        return {(str(c), int(s)): int(q) for c, s, q in self._all(
+            "UPDATE shards SET lease_until = ? WHERE owner = ? RETURNING computation, shard, sequencer",
+            (lease_until, owner))}
+
+    def claimable(self, computations: list[str], owner: str, now: int) -> dict[str, list[int]]:
+        """Per computation, the intervals nobody holds a live lease on (free, released, lapsed), in
+        one statement: an index range over the lapsed leases, however many intervals there are."""
+        if not computations:
+            return {}
+        condition, param = self._in_list("computation", sorted(set(computations)))
+        out: dict[str, list[int]] = {}
+        for c, s in self._all(f"SELECT computation, shard FROM shards WHERE lease_until < ? AND {condition} "
+                              "ORDER BY computation, shard", (now, param)):
+            out.setdefault(str(c), []).append(int(s))
+        return out
 
     def release_intervals(self, computation: str, sequencers: dict[int, int]) -> None:
         """Free the intervals still held under these sequencers (a worker on its way out)."""
@@ -119,18 +123,64 @@ class IntervalQueries:
             "SELECT shard, owner, lease_until, sequencer FROM shards WHERE computation = ? ORDER BY shard",
             (computation,))}
 
-    def low_watermarks(self, producers: list[str]) -> tuple[int, int]:
-        """The minimum over ``producers`` of the input and output watermarks each journaled with
-        its latest batch, in one query; a producer that journaled nothing holds both at the
-        beginning of time, and no producers hold nothing back (the end of time)."""
-        wanted = sorted(set(producers))
-        if not wanted:
+    def _quiet_marks(self, computation: str, condition: str, param: Any) -> dict[int, tuple[dict[str, int], int, int]]:
+        """Per interval (of those ``condition`` selects) whose current sequencer has a quiet report:
+        (positions, input watermark, output watermark) reported."""
+        return {int(s): ({str(p): int(b) for p, b in json.loads(text).items()}, int(i), int(o))
+                for s, text, i, o in self._all(
+                    f"SELECT s.shard, g.positions, g.input_watermark, g.output_watermark FROM shards s "
+                    f"JOIN interval_groups g ON g.computation = s.computation AND g.sequencer = s.sequencer "
+                    f"WHERE s.computation = ? AND s.{condition}", (computation, param))}
+
+    def report_quiet(self, computation: str, sequencer: int, positions: Mapping[str, int], input_watermark: int,
+                     output_watermark: int) -> None:
+        """Every interval of ``computation`` held under ``sequencer`` that committed nothing since has
+        read its input up to ``positions`` and found nothing of its own, and its watermarks stand at
+        these: one statement for all of them, however many (docs/architecture.md §4.2, "Quiet
+        intervals"). Monotonic: a report never moves a position or a watermark back."""
+        g = self.GREATEST
+        self._x(f"INSERT INTO interval_groups VALUES (?, ?, ?, ?, ?) ON CONFLICT(computation, sequencer) DO UPDATE SET "
+                f"positions = excluded.positions, input_watermark = {g}(interval_groups.input_watermark, "
+                f"excluded.input_watermark), output_watermark = {g}(interval_groups.output_watermark, "
+                f"excluded.output_watermark)",
+                (computation, sequencer, json.dumps(dict(sorted(positions.items()))), input_watermark,
+                 output_watermark))
+
+    def producer_heads(self, producers: list[str]) -> dict[str, Head]:
+        """Each producer's last journaled batch, its routing plan and its output watermark: for a
+        key interval, raised to its quiet report's when it committed nothing since (the report then
+        speaks for the same batch; an interval quiet since it began is at batch 0). Absent: nothing
+        journaled or reported yet."""
+        heads = self.journal_heads_of(producers)
+        by_computation: dict[str, list[int]] = {}
+        for p in producers:
+            parsed = parse_producer(p)
+            if parsed.kind == "interval":
+                by_computation.setdefault(parsed.name, []).append(int(parsed.part))  # type: ignore[arg-type]
+        for computation, shards in by_computation.items():
+            condition, param = self._in_list("shard", sorted(set(shards)))
+            for shard, (_, _, out) in self._quiet_marks(computation, condition, param).items():
+                name = interval(computation, shard)
+                head = heads.get(name, Head(0, out))
+                heads[name] = head._replace(output_watermark=max(out, head.output_watermark))
+        return heads
+
+    def low_watermarks(self, computation: str) -> tuple[int, int]:
+        """The minimum over the key intervals of ``computation`` of the input and output watermarks
+        each journaled with its latest batch, or reported quiet since, in one query; an interval
+        that did neither holds both at the beginning of time (the authority's read, §4.2)."""
+        g = self.GREATEST
+        shards, missing, inp, out = self._one(
+            f"SELECT COUNT(*), SUM(CASE WHEN b.batch IS NULL AND q.sequencer IS NULL THEN 1 ELSE 0 END), "
+            f"MIN({g}(COALESCE(b.input_watermark, q.input_watermark), COALESCE(q.input_watermark, b.input_watermark))), "
+            f"MIN({g}(COALESCE(b.output_watermark, q.output_watermark), "
+            f"COALESCE(q.output_watermark, b.output_watermark))) "
+            "FROM shards s LEFT JOIN batches b ON b.producer = s.computation || '/' || CAST(s.shard AS TEXT) "
+            "AND b.batch = (SELECT MAX(batch) FROM batches WHERE producer = s.computation || '/' || "
+            "CAST(s.shard AS TEXT)) LEFT JOIN interval_groups q ON q.computation = s.computation "
+            "AND q.sequencer = s.sequencer WHERE s.computation = ?", (computation,))
+        if int(shards) == 0:
             return END_OF_TIME, END_OF_TIME
-        values, param = self._values("p", wanted)
-        found, inp, out = self._one(
-            f"SELECT COUNT(*), MIN(b.input_watermark), MIN(b.output_watermark) FROM {values} "
-            "JOIN batches b ON b.producer = p AND b.batch = (SELECT MAX(batch) FROM batches WHERE producer = p)",
-            (param,))
-        if int(found) < len(wanted):
+        if int(missing or 0) > 0:
             return BEGINNING_OF_TIME, BEGINNING_OF_TIME
         return int(inp), int(out)

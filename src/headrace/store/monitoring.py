@@ -6,7 +6,9 @@ committed rows (or a write of a row nothing else reads), so it is safe from any 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
+
+from .intervals import IntervalQueries
 
 __all__ = ["MonitorQueries", "ShardRow", "Event", "Sample", "WHOLE_COMPUTATION"]
 
@@ -40,16 +42,8 @@ class Sample(NamedTuple):
     backlog: int
 
 
-class MonitorQueries:
-    """Mixed into ``SQLStore``; uses its ``_all``, ``_one``, ``_x``, ``_xmany`` and ``_values``."""
-
-    if TYPE_CHECKING:
-        def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
-        def _one(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
-        def _x(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
-        def _xmany(self, sql: str, rows: list[tuple]) -> None: ...
-        def _values(self, column: str, values: list[str]) -> tuple[str, Any]: ...
-        def latest_batches(self, producers: list[str]) -> dict[str, int]: ...
+class MonitorQueries(IntervalQueries):
+    """What ``headrace status``, the monitor and the dashboard read, and what they write."""
 
     def computations(self) -> dict[str, int]:
         """Every registered computation and its shard count."""
@@ -61,13 +55,13 @@ class MonitorQueries:
             "WHERE computation = ? ORDER BY shard", (computation,))]
 
     def all_positions(self, computation: str) -> dict[int, dict[str, int]]:
-        """Per shard (``WHOLE_COMPUTATION`` in micro-batch mode): the last batch read of each producer."""
-        out: dict[int, dict[str, int]] = {}
-        for shard, producer, batch in self._all(
-                "SELECT shard, producer, batch FROM positions WHERE computation = ?", (computation,)):
-            out.setdefault(int(shard), {})[str(producer)] = int(batch)
+        """Per shard (``WHOLE_COMPUTATION`` in micro-batch mode): the last batch read of each producer
+        (a quiet interval's as its owner reported it)."""
+        out = self.interval_positions(computation)
+        for producer, batch in self._all("SELECT producer, batch FROM positions WHERE computation = ? AND shard = ?",
+                                         (computation, WHOLE_COMPUTATION)):
+            out.setdefault(WHOLE_COMPUTATION, {})[str(producer)] = int(batch)
         return out
-
     def record_positions(self, computation: str, shard: int, positions: dict[str, int]) -> None:
         """Where a micro-batch computation has read up to (its Spark offsets), for monitoring only."""
         self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "

@@ -9,16 +9,51 @@ Journal writes of one producer are serialized by a transaction-scoped advisory l
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import hashlib
+import json
+import select
+from typing import Any, Callable, Sequence
 
 from ..errors import StoreError
 from .base import Failpoint
 from .schema import NEWEST_TABLES, schema_statements
 from .sql import SQLStore
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "channel"]
 
 SCHEMA_LOCK = 0x68656164  # advisory lock id: processes that open a fresh database at once create it once
+
+# Commits wake the workers that read them (LISTEN/NOTIFY, docs/architecture.md §4.2 "Wake-ups"):
+# a journaled batch notifies its producer's computation (or injected stream), a quiet report its
+# computation, and a ``meta`` row (a stop, a new driver) everyone. In triggers, so that no commit
+# pays a round trip for it; a notification is delivered when its transaction commits.
+WAKE_UPS = [
+    """CREATE OR REPLACE FUNCTION headrace_wake() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF TG_TABLE_NAME = 'batches' THEN
+        PERFORM pg_notify('hr_' || md5(regexp_replace(NEW.producer, '/[0-9]+$', '')), '');
+      ELSIF TG_TABLE_NAME = 'interval_groups' THEN
+        PERFORM pg_notify('hr_' || md5(NEW.computation), '');
+      ELSE
+        PERFORM pg_notify('hr_meta', NEW.name);
+      END IF;
+      RETURN NULL;
+    END $$""",
+    "DROP TRIGGER IF EXISTS headrace_wake ON batches",
+    "CREATE TRIGGER headrace_wake AFTER INSERT ON batches FOR EACH ROW EXECUTE FUNCTION headrace_wake()",
+    "DROP TRIGGER IF EXISTS headrace_wake ON interval_groups",
+    "CREATE TRIGGER headrace_wake AFTER INSERT OR UPDATE ON interval_groups FOR EACH ROW "
+    "EXECUTE FUNCTION headrace_wake()",
+    "DROP TRIGGER IF EXISTS headrace_wake ON meta",
+    "CREATE TRIGGER headrace_wake AFTER INSERT OR UPDATE ON meta FOR EACH ROW EXECUTE FUNCTION headrace_wake()",
+]
+META_CHANNEL = "hr_meta"
+
+
+def channel(name: str) -> str:
+    """The notification channel of a producer's computation or injected stream (``C/3`` -> ``C``)."""
+    base, slash, shard = name.rpartition("/")
+    return "hr_" + hashlib.md5((base if slash and shard.isdigit() else name).encode()).hexdigest()
 
 
 class PostgresStore(SQLStore):
@@ -30,11 +65,15 @@ class PostgresStore(SQLStore):
     FOR_UPDATE = " FOR UPDATE"
     GREATEST = "GREATEST"
 
-    def __init__(self, url: str, *, failpoint: Failpoint | None = None):
+    def __init__(self, url: str, *, failpoint: Failpoint | None = None, clock: Callable[[], int] | None = None):
         import psycopg
         from psycopg import pq
 
         self.url, self.failpoint = url, failpoint
+        if clock is not None:
+            self.clock = clock  # type: ignore[method-assign]
+        self._listening: set[str] = set()
+        self._woken = False
         self._idle = pq.TransactionStatus.IDLE
         self._sql: dict[str, str] = {}
         try:
@@ -46,8 +85,9 @@ class PostgresStore(SQLStore):
             # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
             with self._transaction():
                 self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-                for statement in schema_statements("postgresql"):
-                    self._x(statement)
+                for statement in [*schema_statements("postgresql"), *WAKE_UPS]:
+                    self._db.execute(statement)
+        self._db.add_notify_handler(self._on_notify)
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._db.execute(self._translate(sql), params)
@@ -76,6 +116,29 @@ class PostgresStore(SQLStore):
 
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"unnest(?::text[]) AS v({column})", list(values)
+
+    def _ranges(self, ranges: list[tuple[str, int, int]]) -> tuple[str, Any]:
+        return ("jsonb_to_recordset(?::jsonb) AS v(p text, lo bigint, hi bigint)",
+                json.dumps([{"p": p, "lo": lo, "hi": hi} for p, lo, hi in ranges]))
+
+    def _on_notify(self, _: Any) -> None:
+        self._woken = True
+
+    def wait_for_commits(self, channels: Sequence[str], timeout_s: float) -> bool:
+        """Sleep until a producer of one of ``channels`` (producer names) commits, a ``meta`` row
+        changes, or ``timeout_s`` passes: no statement is sent while it sleeps. True if woken."""
+        wanted = {channel(c) for c in channels} | {META_CHANNEL}
+        for name in sorted(wanted - self._listening):
+            self._db.execute(f'LISTEN "{name}"')
+            self._listening.add(name)
+        if not self._woken:  # else a notification arrived while other statements ran
+            pgconn = self._db.pgconn
+            if select.select([pgconn.socket], [], [], max(0.0, timeout_s))[0]:
+                pgconn.consume_input()
+                while pgconn.notifies() is not None:
+                    self._woken = True
+        woken, self._woken = self._woken, False
+        return woken
 
     def _lock_producer(self, producer: str) -> None:
         self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))

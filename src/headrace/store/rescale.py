@@ -21,30 +21,49 @@ What is keyed by shard, and how it moves:
 from __future__ import annotations
 
 import json
-import time
-from typing import TYPE_CHECKING
 
 from ..engine.batch import shard_of
 from ..engine.ports import Fence
 from ..errors import StoreError
-from .monitoring import WHOLE_COMPUTATION
+from ..names import CONTINUOUS, interval, meta
+from .connection import Connection
 
-if TYPE_CHECKING:
-    from .sql import SQLStore
-
-__all__ = ["rescale", "fences_of"]
-
-FENCES = "fences:"  # meta row of a continuous computation's fences
+__all__ = ["Rescaling"]
 
 
-def rescale(store: "SQLStore", computation: str, old: int, new: int) -> None:
-    """Move ``computation`` from ``old`` shards to ``new``; the caller holds the write transaction."""
+class Rescaling(Connection):
+    """``rescale`` (called by ``register`` in its transaction) and the fences it leaves."""
+
+    def rescale(self, computation: str, old: int, new: int, mode: str) -> None:
+        """Move ``computation`` (run in ``mode``) from ``old`` shards to ``new``; the caller holds the
+        write transaction."""
+        _rescale(self, computation, old, new, mode == CONTINUOUS)
+
+    def fences_of(self, computation: str) -> tuple[Fence, ...]:
+        """The positions of the layouts a continuous computation was rescaled from (oldest first)."""
+        return tuple(_fences(self, computation))
+
+    def interval_positions(self, computation: str) -> dict[int, dict[str, int]]:
+        """Per interval of a continuous computation, where it has read up to: what its commits
+        wrote, or further, where its owner reported it quiet (``report_quiet``)."""
+        out: dict[int, dict[str, int]] = {}
+        for shard, producer, batch in self._all(
+                "SELECT shard, producer, batch FROM positions WHERE computation = ? AND shard >= 0", (computation,)):
+            out.setdefault(int(shard), {})[str(producer)] = int(batch)
+        for shard, text in self._all(
+                "SELECT s.shard, g.positions FROM shards s JOIN interval_groups g ON g.computation = s.computation "
+                "AND g.sequencer = s.sequencer WHERE s.computation = ?", (computation,)):
+            own = out.setdefault(int(shard), {})
+            for producer, batch in json.loads(text).items():
+                own[producer] = max(own.get(producer, 0), int(batch))
+        return out
+
+
+def _rescale(store: Rescaling, computation: str, old: int, new: int, continuous: bool) -> None:
     # every shard commit locks its shard row first: holding them all, no commit of the old layout
     # is in flight, and each statement below sees what the last one wrote (PostgreSQL)
     store._all(f"SELECT shard FROM shards WHERE computation = ? ORDER BY shard{store.FOR_UPDATE}", (computation,))
-    positions = store.all_positions(computation)
-    positions.pop(WHOLE_COMPUTATION, None)
-    continuous = bool(positions) or _parts_journaled(store, computation) > 0
+    positions = store.interval_positions(computation)
     if not continuous:
         _refuse_half_committed(store, computation, old, new)
     low_in, low_out, top = store._one("SELECT MIN(input_watermark), MIN(output_watermark), MAX(version) FROM shards "
@@ -62,25 +81,26 @@ def rescale(store: "SQLStore", computation: str, old: int, new: int) -> None:
     store._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?)",
                  [(computation, s, i, int(ts)) for s in range(new) for i, ts in ids])
     store._x("DELETE FROM shards WHERE computation = ?", (computation,))
+    store._x("DELETE FROM interval_groups WHERE computation = ?", (computation,))
     store._xmany("INSERT INTO shards(computation, shard, version, input_watermark, output_watermark, sequencer) "
                  "VALUES (?, ?, ?, ?, ?, ?)",
                  [(computation, s, version, int(low_in), int(low_out), sequencer) for s in range(new)])
     if continuous:
         _restart_intervals(store, computation, old, new, positions, version, int(low_in), int(low_out))
     store._x("UPDATE computations SET shards = ? WHERE name = ?", (new, computation))
-    now = int(time.time() * 1000)
+    now = store.now()
     store._x("INSERT INTO events VALUES (?, ?, ?, ?) ON CONFLICT(name, kind, at) DO UPDATE SET detail = "
              "excluded.detail", (computation, now, "rescaled", json.dumps({"from": old, "to": new})))
 
 
-def _parts_journaled(store: "SQLStore", computation: str) -> int:
+def _parts_journaled(store: Connection, computation: str) -> int:
     """The highest batch any interval ``C/<i>`` of the computation journaled (0: none)."""
     row = store._one("SELECT MAX(batch) FROM batches WHERE producer >= ? AND producer < ?",
                      (computation + "/", computation + "0"))  # '0' follows '/': every name C/...
     return int(row[0] or 0)
 
 
-def _restart_intervals(store: "SQLStore", computation: str, old: int, new: int, positions: dict[int, dict[str, int]],
+def _restart_intervals(store: Connection, computation: str, old: int, new: int, positions: dict[int, dict[str, int]],
                        version: int, low_in: int, low_out: int) -> None:
     """Continuous mode: each new interval starts reading where the slowest old one stands, and a
     fence remembers where each old interval stood, so that a record an old interval already took
@@ -97,28 +117,23 @@ def _restart_intervals(store: "SQLStore", computation: str, old: int, new: int, 
     store._xmany("INSERT INTO positions VALUES (?, ?, ?, ?)",
                  [(computation, s, p, b) for s in range(new) for p, b in start.items()])
     store._x("INSERT INTO meta VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-             (FENCES + computation, json.dumps([[n, {str(i): at for i, at in layer.items()}] for n, layer in fences])))
-    now = int(time.time() * 1000)
-    store._xmany("INSERT INTO batches VALUES (?, ?, ?, ?, ?)",
-                 [(f"{computation}/{s}", version, low_in, low_out, now) for s in range(new)])
+             (meta.fences(computation), json.dumps([[n, {str(i): at for i, at in layer.items()}] for n, layer in fences])))
+    now = store.now()
+    store._xmany("INSERT INTO batches VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+                 [(interval(computation, s), version, low_in, low_out, now) for s in range(new)])
 
 
 def _producers_of(fence: Fence) -> set[str]:
     return {p for at in fence[1].values() for p in at}
 
 
-def fences_of(store: "SQLStore", computation: str) -> tuple[Fence, ...]:
-    """The positions of the layouts a continuous computation was rescaled from (oldest first)."""
-    return tuple(_fences(store, computation))
-
-
-def _fences(store: "SQLStore", computation: str) -> list[Fence]:
-    row = store._one("SELECT value FROM meta WHERE name = ?", (FENCES + computation,))
+def _fences(store: Connection, computation: str) -> list[Fence]:
+    row = store._one("SELECT value FROM meta WHERE name = ?", (meta.fences(computation),))
     return [(int(n), {int(i): {str(p): int(b) for p, b in at.items()} for i, at in layer.items()})
             for n, layer in json.loads(row[0])] if row else []
 
 
-def _refuse_half_committed(store: "SQLStore", computation: str, old: int, new: int) -> None:
+def _refuse_half_committed(store: Connection, computation: str, old: int, new: int) -> None:
     journaled = store._one("SELECT MAX(batch) FROM batches WHERE producer = ?", (computation,))[0] or 0
     ahead = store._one("SELECT shard, version FROM shards WHERE computation = ? AND version > ? "
                        "ORDER BY shard LIMIT 1", (computation, journaled))
@@ -129,7 +144,7 @@ def _refuse_half_committed(store: "SQLStore", computation: str, old: int, new: i
                          hint=f"run once more with shards={old} so that batch {ahead[1]} completes, then change shards")
 
 
-def _move_keyed(store: "SQLStore", table: str, computation: str, new: int) -> None:
+def _move_keyed(store: Connection, table: str, computation: str, new: int) -> None:
     """Give every row of ``table`` (which has ``key`` and ``shard`` columns) its key's new shard."""
     rows = store._all(f"SELECT DISTINCT key, shard FROM {table} WHERE computation = ?", (computation,))
     store._xmany(f"UPDATE {table} SET shard = ? WHERE computation = ? AND key = ?",

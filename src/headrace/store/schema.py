@@ -11,12 +11,15 @@ __all__ = ["schema_statements", "NEWEST_TABLES"]
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS computations(
-  name TEXT PRIMARY KEY, shards {INT} NOT NULL, sequencer {INT} NOT NULL DEFAULT 0){TABLE};
+  name TEXT PRIMARY KEY, shards {INT} NOT NULL, sequencer {INT} NOT NULL DEFAULT 0,
+  mode TEXT NOT NULL DEFAULT 'microbatch'){TABLE};
 CREATE TABLE IF NOT EXISTS shards(
   computation TEXT, shard {INT}, version {INT} NOT NULL,
   input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
   sequencer {INT} NOT NULL DEFAULT 0, owner TEXT, lease_until {INT} NOT NULL DEFAULT 0,
   PRIMARY KEY(computation, shard)){TABLE};
+CREATE INDEX IF NOT EXISTS shards_by_owner ON shards(owner);
+CREATE INDEX IF NOT EXISTS shards_by_lease ON shards(lease_until, computation);
 CREATE TABLE IF NOT EXISTS positions(
   computation TEXT, shard {INT}, producer TEXT, batch {INT} NOT NULL,
   PRIMARY KEY(computation, shard, producer)){TABLE};
@@ -30,6 +33,7 @@ CREATE TABLE IF NOT EXISTS timers(
   computation TEXT, key TEXT, tag TEXT, shard {INT} NOT NULL, domain TEXT NOT NULL, timestamp {INT} NOT NULL,
   PRIMARY KEY(computation, key, tag)){TABLE};
 CREATE INDEX IF NOT EXISTS timers_due ON timers(computation, shard, domain, timestamp);
+CREATE INDEX IF NOT EXISTS timers_by_time ON timers(computation, domain, timestamp);
 CREATE TABLE IF NOT EXISTS seen_ids(
   computation TEXT, shard {INT}, id TEXT, timestamp {INT} NOT NULL,
   PRIMARY KEY(computation, shard, id)){TABLE};
@@ -44,7 +48,15 @@ CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard)
 CREATE INDEX IF NOT EXISTS segments_by_time ON segments(producer, batch, created_at, count);
 CREATE TABLE IF NOT EXISTS batches(
   producer TEXT, batch {INT}, input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
-  completed_at {INT} NOT NULL, PRIMARY KEY(producer, batch)){TABLE};
+  completed_at {INT} NOT NULL, plan TEXT, plan_since {INT}, PRIMARY KEY(producer, batch)){TABLE};
+CREATE TABLE IF NOT EXISTS plans(id TEXT PRIMARY KEY, routes TEXT NOT NULL){TABLE};
+CREATE TABLE IF NOT EXISTS routes(
+  consumer TEXT, dest {INT}, producer TEXT, batch {INT}, stream TEXT, slot {INT}, count {INT} NOT NULL,
+  data {BLOB} NOT NULL, PRIMARY KEY(consumer, dest, producer, batch, stream, slot)){TABLE};
+CREATE INDEX IF NOT EXISTS routes_by_batch ON routes(consumer, producer, batch);
+CREATE TABLE IF NOT EXISTS interval_groups(
+  computation TEXT, sequencer {INT}, positions TEXT NOT NULL, input_watermark {INT} NOT NULL,
+  output_watermark {INT} NOT NULL, PRIMARY KEY(computation, sequencer)){TABLE};
 CREATE TABLE IF NOT EXISTS checkpoints(producer TEXT PRIMARY KEY, position TEXT){TABLE};
 CREATE TABLE IF NOT EXISTS counters(
   computation TEXT, name TEXT, value {INT} NOT NULL, PRIMARY KEY(computation, name)){TABLE};
@@ -57,7 +69,7 @@ CREATE TABLE IF NOT EXISTS samples(
 """
 
 # A store whose database lacks one of these was made before the tables added last: create what is missing.
-NEWEST_TABLES = ("partials", "samples")
+NEWEST_TABLES = ("partials", "samples", "routes", "interval_groups")
 
 _DIALECTS = {
     "sqlite": {"INT": "INTEGER", "BLOB": "BLOB", "TABLE": " WITHOUT ROWID"},

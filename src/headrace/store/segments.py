@@ -17,16 +17,23 @@ from ..engine.batch import Production
 from ..model import END_OF_TIME
 from ..schema import StreamSchema
 
-__all__ = ["SEGMENT_SCHEMA", "encode_segment", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
+__all__ = ["SEGMENT_SCHEMA", "encode_segment", "segment_table", "routed_table", "to_bytes", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
 FIELDS = "fields"
+ERROR = "error"  # a routed segment's reason a record has no key (None where it has one)
 _SCHEMA_KEY = b"headrace.fields"  # the field columns' schema (its fingerprint), in the Arrow schema's metadata
 
 
 def encode_segment(records: list[Production], schema: StreamSchema | None = None) -> bytes:
     """The records as a segment; with the ``schema`` of their typed stream, also their fields as
     columns, when every value fits it exactly (``exact_fields``)."""
+    return to_bytes(segment_table(records, schema))
+
+
+def segment_table(records: Sequence[Production], schema: StreamSchema | None = None) -> pa.Table:
+    """A stream's segment as a table (each value pickled once): ``to_bytes`` stores it, and
+    ``routed_table`` takes a consumer interval's rows of it."""
     dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
     columns = {
         "key": pa.array([p.key for p in records], pa.string()),
@@ -40,9 +47,22 @@ def encode_segment(records: list[Production], schema: StreamSchema | None = None
         columns[FIELDS] = fields
         arrow_schema = SEGMENT_SCHEMA.append(pa.field(FIELDS, fields.type)).with_metadata(
             {_SCHEMA_KEY: schema.fingerprint.encode()})  # type: ignore[union-attr]
-    table = pa.table(columns, schema=arrow_schema)
+    return pa.table(columns, schema=arrow_schema)
+
+
+def routed_table(table: pa.Table, rows: Sequence[int], keys: Sequence[str | None],
+                 errors: Sequence[str | None] | None) -> pa.Table:
+    """The rows of a stream's segment that go to one consumer interval, each with the consumer's
+    key (``key``), and, where some record has no key, an ``error`` column saying why."""
+    picked = table.take(pa.array(rows, pa.int64())).set_column(0, "key", pa.array(keys, pa.string()))
+    if errors is not None:
+        picked = picked.append_column(ERROR, pa.array(errors, pa.string()))
+    return picked
+
+
+def to_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, arrow_schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
@@ -74,6 +94,20 @@ class DecodedSegment:
     use, or only at the rows asked for; a typed stream's fields read as columns without them."""
 
     __slots__ = ("fields_schema", "_table", "_timestamps", "_keys", "_ids", "_values", "_fields")
+
+    @property
+    def errors(self) -> list[str | None] | None:
+        """A routed segment's reasons its records have no key (None where one has), or None."""
+        return self._table.column(ERROR).to_pylist() if ERROR in self._table.schema.names else None
+
+    @property
+    def raw_values(self) -> list[bytes]:
+        """The values as stored (pickled), for a reader that passes them on undecoded."""
+        return self._table.column("value").to_pylist()
+
+    @property
+    def table(self) -> pa.Table:
+        return self._table
 
     def __init__(self, table: pa.Table):
         self._table = table

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from .base import Failpoint
 from .schema import schema_statements
@@ -25,10 +26,13 @@ class SQLiteStore(SQLStore):
     FOR_SHARE = ""
     GREATEST = "MAX"
 
-    def __init__(self, path: str, *, synchronous: str = "NORMAL", failpoint: Failpoint | None = None):
+    def __init__(self, path: str, *, synchronous: str = "NORMAL", failpoint: Failpoint | None = None,
+                 clock: Callable[[], int] | None = None):
         self.path = os.path.abspath(path)
         self.url = f"sqlite:///{self.path}"
         self.failpoint = failpoint
+        if clock is not None:
+            self.clock = clock  # type: ignore[method-assign]
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout = 60000")
@@ -36,6 +40,7 @@ class SQLiteStore(SQLStore):
         self._db.execute(f"PRAGMA synchronous = {synchronous}")
         for statement in schema_statements("sqlite"):
             self._db.execute(statement)
+        self._data_version = 0
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, params)
@@ -52,6 +57,26 @@ class SQLiteStore(SQLStore):
 
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"(SELECT value AS {column} FROM json_each(?))", json.dumps(values)
+
+    def _ranges(self, ranges: list[tuple[str, int, int]]) -> tuple[str, Any]:
+        return ("(SELECT json_extract(value, '$[0]') AS p, json_extract(value, '$[1]') AS lo, "
+                "json_extract(value, '$[2]') AS hi FROM json_each(?))"), json.dumps(ranges)
+
+    def wait_for_commits(self, channels: Sequence[str], timeout_s: float) -> bool:
+        """Until another connection commits (SQLite's ``data_version`` moves: no table is read), or
+        ``timeout_s`` passes; looks every millisecond at first, backing off to every 10 ms."""
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        while True:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version:
+                self._data_version = version
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 1.5, 0.01)
 
     def close(self) -> None:
         self._db.close()

@@ -33,28 +33,29 @@ def test_lag_is_how_long_ago_the_source_passed_the_stage() -> None:
 
 
 def test_history_reads_the_journal_and_then_only_what_is_new(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    now = {"ms": 1_800_000_000_000}
+    store = open_store(f"sqlite:///{tmp_path}/store.db", clock=lambda: now["ms"])  # stamps each journal row
     graph = zeitgeist_graph()
     store.publish("inject:searches", 1, {}, 1_000)
     store.complete_batch("WindowCounter", 1, 500, 500)
     history = History(store, window_ms=60_000)
-    first = history.series(graph, int(time.time() * 1000))
+    first = history.series(graph, now["ms"])
     assert first["watermarks"]["inject:searches"]["watermark"] == [1_000]
     assert first["watermarks"]["WindowCounter"]["watermark"] == [500]
     assert first["watermarks"]["WindowCounter"]["lag_ms"][0] >= 0
     assert first["watermarks"]["ModelCalculator"] == {"t": [], "watermark": [], "lag_t": [], "lag_ms": []}
 
-    time.sleep(0.6)  # each step lands in a half-second point of its own
+    now["ms"] += 600  # each step lands in a half-second point of its own
     store.publish("inject:searches", 2, {}, 2_000)
-    time.sleep(0.6)
+    now["ms"] += 600
     store.complete_batch("WindowCounter", 2, 1_500, 1_500)
-    time.sleep(0.6)
+    now["ms"] += 600
     store.publish("inject:searches", 3, {}, END_OF_TIME)
     store.complete_batch("WindowCounter", 3, END_OF_TIME, END_OF_TIME)
     read: list[int] = []
     batches = store.batches
     store.batches = lambda producer, after=0: read.append(after) or batches(producer, after)  # type: ignore[method-assign]
-    second = history.series(graph, int(time.time() * 1000) + 1)
+    second = history.series(graph, now["ms"] + 1)
     assert second["watermarks"]["inject:searches"]["watermark"] == [1_000, 2_000, None]
     assert second["watermarks"]["inject:searches"]["lag_ms"] == [0, 0, 0, 0]  # an injector is its own source
     marks = second["watermarks"]["WindowCounter"]

@@ -15,7 +15,9 @@ from hypothesis import strategies as st
 
 from headrace import MonoidComputation, Topology, key_by
 from headrace.engine import InputRecord, ShardBatch, run_shard_batch
-from headrace.engine.monoid import COMPACT_EVERY, preaggregate
+from headrace.engine.monoid import COMPACT_EVERY
+
+from ...monoids import preaggregate
 from headrace.errors import TopologyError, UserCodeError
 from headrace.model import END_OF_TIME, ComputationOptions
 from headrace.schema import StreamSchema

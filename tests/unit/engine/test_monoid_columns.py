@@ -13,14 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace import MonoidComputation, Topology, injectors, key_by
-from headrace.engine.batch import Production, id_prefix
+from headrace.engine.batch import Production
+from headrace.names import id_prefix
 from headrace.engine.monoid import ColumnarFold, Folder, columnar_fold, columnar_parts, columnar_totals
-from headrace.engine.worker import Worker, interval_producer
+from headrace.engine.worker import Worker
+from headrace.names import interval as interval_producer
 from headrace.errors import UserCodeError
 from headrace.model import END_OF_TIME
 from headrace.monoids import Tumbling, constant, field, tumbling
 from headrace.schema import StreamSchema
-from headrace.spark.continuous import continuous_producers, plans_of
+from headrace.names import CONTINUOUS
+from headrace.plans import interval_plans as plans_of, producers_of
 from headrace.store import open_store
 from headrace.store.segments import DecodedSegment, encode_segment, segment_columns
 
@@ -177,7 +180,7 @@ def worker_run(tmp_path: Path, cls: type, typed: bool, events: list[dict[str, An
     store = open_store(f"sqlite:///{tmp_path}/{cls.__name__}-{typed}.db")
     store.register(cls.__name__, 3)
     for stream in t.streams():
-        store.declare_stream(stream, *continuous_producers(t, stream))
+        store.declare_stream(stream, *producers_of(t, stream, CONTINUOUS))
     worker = Worker(store, plans_of(t), "w", 0, 1, lease_ms=600_000)
     worker.maintain_leases()
     half = len(events) // 2

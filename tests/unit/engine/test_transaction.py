@@ -3,6 +3,8 @@ a stale batch is refused, and a commit the store refuses leaves the transaction 
 
 from __future__ import annotations
 
+from typing import Any
+
 import itertools
 import re
 
@@ -169,7 +171,7 @@ class GroupStore:
     def __init__(self, refuse: dict[int, StoreError] | None = None, fail: BaseException | None = None) -> None:
         self.refuse, self.fail = refuse or {}, fail
 
-    def commit_shards(self, commits: list[ShardCommit]) -> list[StoreError | None]:
+    def commit_shards(self, commits: list[ShardCommit], quiet: Any = ()) -> list[StoreError | None]:
         if self.fail is not None:
             raise self.fail
         return [self.refuse.get(c.shard) for c in commits]

@@ -15,10 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headrace import Computation, Topology, injectors, key_by
-from headrace.engine.batch import Production, id_prefix
-from headrace.engine.worker import Worker, _rows_by_shard, interval_producer
+from headrace.engine.batch import Production
+from headrace.names import id_prefix
+from headrace.engine.intake import _rows_by_shard
+from headrace.engine.worker import Worker
+from headrace.names import interval as interval_producer
 from headrace.model import END_OF_TIME
-from headrace.spark.continuous import continuous_producers, plans_of
+from headrace.names import CONTINUOUS
+from headrace.plans import interval_plans as plans_of, producers_of
 from headrace.store import Store, open_store
 
 SHARDS = 4
@@ -58,7 +62,7 @@ def store(tmp_path: Path) -> Any:
     t = topology()
     db.register("CountWords", SHARDS)
     for stream in t.streams():
-        db.declare_stream(stream, *continuous_producers(t, stream))
+        db.declare_stream(stream, *producers_of(t, stream, CONTINUOUS))
     yield db
     db.close()
 

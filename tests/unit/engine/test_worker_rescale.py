@@ -16,7 +16,8 @@ import pytest
 from headrace import Topology, injectors, key_by
 from headrace.engine.worker import Worker
 from headrace.errors import FencedWriterError
-from headrace.spark.continuous import continuous_producers, plans_of
+from headrace.names import CONTINUOUS
+from headrace.plans import interval_plans as plans_of, producers_of
 from headrace.store import open_store
 
 from .test_worker import WORDS, Clock, CountWords, publish
@@ -51,9 +52,9 @@ def counts(store: Any) -> dict[str, int]:
 
 def test_intervals_at_different_positions_rescale_and_count_every_record_once(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path}/store.db")
-    store.register(NAME, 4)
+    store.register(NAME, 4, "continuous")
     for stream in topology(4).streams():
-        for producer in continuous_producers(topology(4), stream):
+        for producer in producers_of(topology(4), stream, CONTINUOUS):
             store.declare_stream(stream, producer)
     clock = Clock()
     a, b = worker(store, 4, clock, 0, 2), worker(store, 4, clock, 1, 2)

@@ -11,6 +11,7 @@ import pytest
 
 from headrace import Computation, Topology, injectors, key_by
 from headrace.model import BEGINNING_OF_TIME
+from headrace.names import meta
 from headrace.spark.continuous import ContinuousRunner
 
 SHARDS = 3
@@ -27,8 +28,8 @@ def runner(tmp_path: Path) -> Iterator[ContinuousRunner]:
     t.inject("in", injectors.records([], timestamp="ts"))
     t.add(Noop, inputs={"in": key_by("k")}, shards=SHARDS)
     r = ContinuousRunner(t, f"sqlite:///{tmp_path}/store.db", ui=False)
-    r.store.register("Noop", SHARDS)
-    r.store.put_meta(*r.driver)
+    r.store.register("Noop", SHARDS, "continuous")
+    r.store.put_meta(meta.driver(t.name), r.driver_id)
     yield r
     r.store.close()
 

@@ -3,28 +3,33 @@ with the options the runner passes (``ComputationQuery.start``); no SparkSession
 
 from __future__ import annotations
 
-import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from headrace import key_by
+from headrace import Computation, key_by
 from headrace.engine import Production, ShardCommit
 from headrace.engine.batch import DueTimer
-from headrace.model import BEGINNING_OF_TIME
+from headrace.engine.intake import Consumer
+from headrace.model import BEGINNING_OF_TIME, ComputationOptions
 from headrace.spark import source
-from headrace.spark.keying import CONTROL, RECORD, Keying
-from headrace.spark.source import ControlPartition, HeadraceReader, SegmentRange
+from headrace.spark.rows import CONTROL, RECORD
+from headrace.spark.source import HeadraceReader, ReadPart, encode_plan
 from headrace.store import Store, open_store
-from headrace.store import sql as sql_store
 
 EVENTS, CLICKS = "inject:events", "inject:clicks"
 SUBSCRIPTIONS = [("events", EVENTS), ("clicks", CLICKS)]
 SHARDS = 2
 
 MakeReader = Callable[..., HeadraceReader]
+
+
+class Counter(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        ctx.state = (ctx.state or 0) + 1
 
 
 @pytest.fixture
@@ -45,11 +50,11 @@ def make_reader(url: str) -> Iterator[MakeReader]:
 
     def make(start: str = "beginning", parallelism: int = 2,
              subscriptions: list[tuple[str, str]] = SUBSCRIPTIONS) -> HeadraceReader:
-        keying = Keying("Counter", {stream: key_by("user") for stream, _ in subscriptions}, SHARDS)
-        reader = HeadraceReader({
-            "store": url, "computation": "Counter", "subscriptions": json.dumps(subscriptions), "start": start,
-            "keying": keying.to_option(), "parallelism": str(parallelism),
-        })
+        consumer = Consumer("Counter", ComputationOptions(shards=SHARDS),
+                            {stream: key_by("user") for stream, _ in subscriptions},
+                            {stream: (producer,) for stream, producer in subscriptions})
+        reader = HeadraceReader({"store": url, "plan": encode_plan(consumer, Counter), "start": start,
+                                 "parallelism": str(parallelism)})
         readers.append(reader)
         return reader
 
@@ -62,7 +67,7 @@ def make_reader(url: str) -> Iterator[MakeReader]:
 def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """The source's wall clock, in milliseconds, set by the test."""
     now = SimpleNamespace(ms=0)
-    monkeypatch.setattr(source, "time", SimpleNamespace(time=lambda: now.ms / 1000))
+    monkeypatch.setattr(source, "time", SimpleNamespace(time=lambda: now.ms / 1000, monotonic=time.monotonic))
     return now
 
 
@@ -105,13 +110,13 @@ def test_initial_offset_now_starts_after_every_completed_batch(store: Store, mak
     ("9000", offset(3, 1)),   # after everything: nothing to replay
 ])
 def test_initial_offset_from_a_time_replays_batches_completed_at_or_after_it(
-        store: Store, make_reader: MakeReader, monkeypatch: pytest.MonkeyPatch, start: str,
-        expected: dict[str, Any]) -> None:
+        url: str, make_reader: MakeReader, start: str, expected: dict[str, Any]) -> None:
     completed_at = SimpleNamespace(ms=0)
-    monkeypatch.setattr(sql_store, "_now", lambda: completed_at.ms)
+    stamped = open_store(url, clock=lambda: completed_at.ms)  # the store stamps completed_at with its clock
     for producer, batch, at in [(EVENTS, 1, 1000), (CLICKS, 1, 1500), (EVENTS, 2, 2000), (EVENTS, 3, 3000)]:
         completed_at.ms = at
-        publish(store, producer, batch, at)
+        publish(stamped, producer, batch, at)
+    stamped.close()
     assert make_reader(start).initialOffset() == expected
 
 
@@ -170,8 +175,8 @@ def test_latest_offset_moves_when_a_wall_timer_of_the_consumer_falls_due(store: 
 
 # -- partitions ----------------------------------------------------------------------------------
 
-def covered(ranges: list[SegmentRange]) -> list[int]:
-    return [b for r in ranges for b in range(r.after + 1, r.upto + 1)]
+def covered(parts: list[ReadPart], producer: str | None = None) -> list[int]:
+    return [b for p in parts for r in p.ranges if producer in (None, r.producer) for b in range(r.after + 1, r.upto + 1)]
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3, 4, 8])
@@ -183,7 +188,7 @@ def test_partitions_cover_exactly_the_new_batches_in_at_most_parallelism_ranges(
     for first in range(0, 8):
         for last in range(first + 1, 8):
             parts = reader.partitions({"b": {EVENTS: first}, "wall": 0}, {"b": {EVENTS: last}, "wall": 0})
-            assert all(isinstance(p, SegmentRange) and p.stream == "events" and p.producer == EVENTS for p in parts)
+            assert all(isinstance(p, ReadPart) and [r.producer for r in p.ranges] == [EVENTS] for p in parts)
             assert covered(parts) == list(range(first + 1, last + 1)), (first, last)
             assert 1 <= len(parts) <= parallelism
 
@@ -194,8 +199,8 @@ def test_each_subscription_gets_its_own_ranges(store: Store, make_reader: MakeRe
     for batch in range(1, 4):
         publish(store, CLICKS, batch, batch * 10 + 5)
     parts = make_reader(parallelism=2).partitions(offset(1, 0), offset(7, 3, wall=99))
-    events = [p for p in parts if p.stream == "events"]
-    clicks = [p for p in parts if p.stream == "clicks"]
+    events = [p for p in parts if p.ranges[0].producer == EVENTS]
+    clicks = [p for p in parts if p.ranges[0].producer == CLICKS]
     assert (covered(events), covered(clicks)) == ([2, 3, 4, 5, 6, 7], [1, 2, 3])
     assert len(events) <= 2 and len(clicks) <= 2 and len(parts) == len(events) + len(clicks)
 
@@ -209,11 +214,11 @@ def test_the_control_row_carries_watermarks_derived_from_the_offsets(store: Stor
 
     parts = reader.partitions(offset(1, 0), offset(7, 3, wall=99))
     # before: clicks had completed nothing, so nothing bounds its input yet from below
-    assert parts[0].control == ControlPartition(BEGINNING_OF_TIME, min(70, 35), 99)
+    assert parts[0].control == (BEGINNING_OF_TIME, min(70, 35), 99)
     assert [p.control for p in parts[1:]] == [None] * (len(parts) - 1)
 
     later = reader.partitions(offset(3, 1), offset(4, 3, wall=5))
-    assert later[0].control == ControlPartition(min(30, 15), min(40, 35), 5)
+    assert later[0].control == (min(30, 15), min(40, 35), 5)
 
 
 def test_a_batch_with_only_a_wall_clock_move_is_one_control_partition(store: Store, make_reader: MakeReader) -> None:
@@ -221,7 +226,7 @@ def test_a_batch_with_only_a_wall_clock_move_is_one_control_partition(store: Sto
     publish(store, CLICKS, 1, 20)
     reader = make_reader()
     assert reader.partitions(offset(1, 1), offset(1, 1)) == []
-    assert reader.partitions(offset(1, 1), offset(1, 1, wall=500)) == [ControlPartition(10, 10, 500)]
+    assert reader.partitions(offset(1, 1), offset(1, 1, wall=500)) == [ReadPart([], [], 10, (10, 10, 500))]
 
 
 # -- reading -------------------------------------------------------------------------------------

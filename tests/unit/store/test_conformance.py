@@ -52,7 +52,7 @@ def view(store: Any) -> dict[str, Any]:
         "seen": {s: sorted(store.all_seen_ids(C, s)) for s in range(2)},
         "segments": {s: list(store.read_segments(s, C, 0, 100)) for s in STREAMS},
         "counters": store.counters(C),
-        "oldest_timer": store.oldest_watermark_timer(C),
+        "due_timers": store.shards_with_due_timers(C, 10**15, 10**15),
         "journal": store.batches(C),
     }
 
@@ -302,16 +302,19 @@ def test_read_segments_returns_batches_after_upto_in_batch_and_shard_order(store
 # -- timers ------------------------------------------------------------------------------------------------
 
 
-def test_the_oldest_pending_watermark_timer_and_the_next_wall_timer(store: Any, writer: int) -> None:
-    assert store.oldest_watermark_timer(C) is None
+def test_the_shards_with_due_timers_and_the_next_wall_timer(store: Any, writer: int) -> None:
+    assert store.shards_with_due_timers(C, 10**15, 10**15) == []
     store.commit_shard(make_commit(1, 0, writer, timer_sets=[
         DueTimer("a", "late", "watermark", 500), DueTimer("b", "early", "watermark", 300),
         DueTimer("c", "wall", "wall", 100)]))
     store.commit_shard(make_commit(1, 0, writer, shard=1, timer_sets=[DueTimer("a", "x", "watermark", 400)]))
-    assert store.oldest_watermark_timer(C) == 300
-    assert store.next_wall_timer(C) == 100
+    assert store.shards_with_due_timers(C, 299, 99) == []
+    assert store.shards_with_due_timers(C, 300, 99) == [0]
+    assert store.shards_with_due_timers(C, 0, 100) == [0]
+    assert store.shards_with_due_timers(C, 400, 0) == [0, 1]
+    assert (store.next_wall_timer(C), store.next_wall_timer(C, [1]), store.next_wall_timer(C, [0])) == (100, None, 100)
     store.commit_shard(make_commit(2, 1, writer, timer_deletes=[("b", "early"), ("c", "wall")]))
-    assert store.oldest_watermark_timer(C) == 400
+    assert store.shards_with_due_timers(C, 399, 10**15) == []
     assert store.next_wall_timer(C) is None
 
 

@@ -35,11 +35,11 @@ def test_claims_take_only_the_intervals_without_a_live_lease_under_one_new_seque
     # a's leases lapsed: b takes interval 1, and a's renewal keeps only what it still holds
     third = store.claim_intervals(C, [1], "b", 1_001, 2_000)
     assert list(third) == [1]
-    assert store.renew_intervals(C, {s: c.sequencer for s, c in first.items()}, "a", 3_000) == {0, 2}
+    assert store.renew_leases("a", 3_000) == {(C, 0): first[0].sequencer, (C, 2): first[2].sequencer}
     assert store.interval_owners(C)[0] == ("a", 3_000, first[0].sequencer)
     assert store.interval_owners(C)[1] == ("b", 2_000, third[1].sequencer)
     # an owner renews intervals taken in different claims (two sequencers) at once
-    assert store.renew_intervals(C, {3: second[3].sequencer, 1: third[1].sequencer}, "b", 4_000) == {1, 3}
+    assert store.renew_leases("b", 4_000) == {(C, 3): second[3].sequencer, (C, 1): third[1].sequencer}
 
     # a's release frees only what it still holds (not 1, b's now); b's frees both its claims' intervals
     store.release_intervals(C, {s: c.sequencer for s, c in first.items()})
@@ -65,15 +65,44 @@ def test_a_claim_beyond_the_intervals_takes_those_that_exist_and_tells_the_count
     assert registered.claim_intervals("unknown", [0], "a", 100, 1_000) == {}  # nothing registered, nothing taken
 
 
-def test_low_watermarks_are_the_minimum_of_each_producers_latest_journal_row(store: Any) -> None:
-    assert store.low_watermarks([]) == (END_OF_TIME, END_OF_TIME)
+def test_free_and_lapsed_intervals_are_found_in_one_statement(registered: Any) -> None:
+    store = registered
+    store.register("other", 2)
+    assert store.claimable([C, "other"], "a", 100) == {C: [0, 1, 2, 3], "other": [0, 1]}
+    store.claim_intervals(C, [0, 1], "a", 100, 1_000)
+    assert store.claimable([C], "b", 500) == {C: [2, 3]}
+    assert store.claimable([C], "b", 1_001) == {C: [0, 1, 2, 3]}  # a's leases lapsed
+    assert store.claimable([], "b", 1_001) == {}
+
+
+def test_low_watermarks_are_the_minimum_of_each_intervals_latest_journal_row(store: Any) -> None:
+    assert store.low_watermarks("C") == (END_OF_TIME, END_OF_TIME)  # no intervals: nothing held back
+    store.register("C", 2)
     store.complete_batch("C/0", 1, 10, 5)
     store.complete_batch("C/0", 2, 40, 30)  # only the latest row counts
-    store.complete_batch("C/1", 1, 20, 50)
-    assert store.low_watermarks(["C/0", "C/1", "C/0"]) == (20, 30)
-    assert store.low_watermarks(["C/1"]) == (20, 50)
     # an interval that never committed holds the computation at the beginning of time
-    assert store.low_watermarks(["C/0", "C/1", "C/2"]) == (BEGINNING_OF_TIME, BEGINNING_OF_TIME)
+    assert store.low_watermarks("C") == (BEGINNING_OF_TIME, BEGINNING_OF_TIME)
+    store.complete_batch("C/1", 1, 20, 50)
+    assert store.low_watermarks("C") == (20, 30)
+
+
+def test_a_quiet_report_moves_the_positions_and_watermarks_of_every_interval_under_its_sequencer(store: Any) -> None:
+    store.register("C", 3, "continuous")
+    claims = store.claim_intervals("C", [0, 1], "a", 100, 1_000)
+    sequencer = claims[0].sequencer
+    for shard in (0, 1, 2):
+        store.complete_batch(f"C/{shard}", 1, 10, 10)
+    store.report_quiet("C", sequencer, {"inject:in": 7}, 70, 70)
+    store.report_quiet("C", sequencer, {"inject:in": 9}, 60, 60)  # watermarks never move back
+    heads = store.producer_heads(["C/0", "C/1", "C/2", "inject:in"])
+    assert {p: h.output_watermark for p, h in heads.items()} == {"C/0": 70, "C/1": 70, "C/2": 10}
+    assert store.interval_positions("C") == {0: {"inject:in": 9}, 1: {"inject:in": 9}}
+    assert store.low_watermarks("C") == (10, 10)  # interval 2 is not under that sequencer
+    store.complete_batch("C/2", 2, 80, 80)
+    assert store.low_watermarks("C") == (70, 70)
+    # another owner takes interval 1 over: it starts where the report left it
+    later = store.claim_intervals("C", [1], "b", 1_001, 2_000)
+    assert (later[1].positions, later[1].input_watermark) == ({"inject:in": 9}, 70)
 
 
 def test_a_stream_is_declared_with_all_its_producers_at_once(store: Any) -> None:

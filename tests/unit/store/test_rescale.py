@@ -222,7 +222,7 @@ def claim_all(store: Any, shards: int) -> dict[int, Any]:
 
 def test_continuous_intervals_restart_at_the_slowest_position_behind_a_fence(store_url: str) -> None:
     store = open_store(store_url)
-    store.register(C, 4)
+    store.register(C, 4, "continuous")
     for s, claim in claim_all(store, 4).items():  # the intervals read the injector to different batches
         interval_commit(store, s, claim, 10 + s, 100 + s, f"key-{s}")
     old = claim_all(store, 4)

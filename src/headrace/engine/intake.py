@@ -1,0 +1,424 @@
+"""One read side for every runtime (docs/architecture.md §3.7): from a range of each producer's
+batches to a consumer's per-interval input. The continuous worker, the micro-batch source and its
+shard tasks, and the harness all read through here, so they agree by construction on keys, bad
+input, dead letters and watermarks.
+
+    ranges ─► routed segments of the consumer's intervals (already keyed by their producer),
+              or, for batches not routed for it, the stream's segments keyed here
+           ─► fences (records an earlier layout already took) ─► a monoid's fold
+           ─► per interval: the rows to deliver, and the rejected ones (no key: interval 0)
+           ─► records (values decoded once; an undecodable one is rejected too)
+
+A rejected record fails the batch with a ``BadInputError`` that names it, or, with
+``on_error="dead_letter"``, becomes a dead letter ``{computation, key, at, stream, record_id,
+value, error}``: ``value`` is the decoded value, or its stored bytes when it cannot be decoded.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import eq
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Sequence
+
+from ..errors import MISSING_MODULE_HINT, BadInputError
+from ..model import END_OF_TIME, ComputationOptions, KeyExtractor
+from ..names import parse_producer
+from .batch import CheckedRecord, InputRecord, shard_of, shards_of
+from .monoid import Folder, columnar_parts, columnar_totals
+from .ports import Fence, Head, IntervalStore, SegmentColumns
+from .routing import keys_of
+from .shard import ValueCheck
+from .watermark import input_low_watermark
+
+__all__ = ["Consumer", "Range", "Keyed", "Selected", "plan_ranges", "read_keyed", "select", "records_of",
+           "reject_rows", "decode_rows", "rejection", "input_watermark", "is_checked"]
+
+DECODING = "decoding it"
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A computation as the read side sees it: its subscriptions (stream -> key extractor, and the
+    producers that write the stream), how it treats bad input, the typed streams it checks, the
+    streams a monoid folds where they are read, and the retired producers of an earlier layout
+    (read to their end, then left out of its watermark)."""
+
+    name: str
+    options: ComputationOptions
+    inputs: Mapping[str, KeyExtractor]
+    producers: Mapping[str, tuple[str, ...]]
+    dedup_streams: frozenset[str] = frozenset()
+    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)
+    fold_streams: frozenset[str] = frozenset()
+    retired: frozenset[str] = frozenset()
+
+    @property
+    def shards(self) -> int:
+        return self.options.shards
+
+    @property
+    def all_producers(self) -> list[str]:
+        return sorted({p for ps in self.producers.values() for p in ps})
+
+    def streams_of(self, producer: str) -> list[str]:
+        return [s for s, ps in self.producers.items() if producer in ps]
+
+    def with_parts(self, declared: Mapping[str, Sequence[str]]) -> "Consumer":
+        """This consumer with the injector parts declared for its streams since it was planned (a
+        Kafka partition added while running is a new producer of its stream)."""
+        producers = dict(self.producers)
+        for stream, names in declared.items():
+            if stream in producers:
+                parts = [p for p in names if p not in producers[stream]
+                         and (parsed := parse_producer(p)).kind == "injector" and parsed.name == stream]
+                producers[stream] = producers[stream] + tuple(sorted(parts))
+        return self if producers == self.producers else _replace(self, producers=producers)
+
+
+def _replace(consumer: Consumer, **changes: Any) -> Consumer:
+    from dataclasses import replace
+
+    return replace(consumer, **changes)
+
+
+def input_watermark(consumer: Consumer, mark_of: Callable[[str], int]) -> int:
+    """The consumer's input low watermark when it has read each producer up to the batch whose
+    journaled output watermark ``mark_of(producer)`` gives: per stream the (percentile) minimum
+    over its producers, then the minimum over streams (MillWheel §4.5, §7.2)."""
+    return min((input_low_watermark([mark_of(p) for p in producers if p not in consumer.retired],
+                                    consumer.options.percentile(stream))
+                for stream, producers in consumer.producers.items()), default=END_OF_TIME)
+
+
+class Range(NamedTuple):
+    """Batches (after, upto] of a producer, read from the consumer's routed segments (routed under
+    ``layout`` intervals) or, when ``layout`` is None, from the streams' own segments."""
+
+    producer: str
+    after: int
+    upto: int
+    layout: int | None
+
+
+def plan_ranges(store: IntervalStore, consumer: Consumer, positions: Mapping[str, int],
+                heads: Mapping[str, Head], plans: dict[str, dict[str, dict[str, int]] | None]) -> list[Range]:
+    """What to read of each producer past ``positions`` up to its head, and where: one range when
+    every batch since followed the head's routing plan (the common case), else one per run of
+    batches routed alike (``batch_plans``). ``plans`` caches plans by id."""
+    out: list[Range] = []
+    for producer in consumer.all_producers:
+        head = heads.get(producer)
+        after = positions.get(producer, 0)
+        if head is None or head.batch <= after:
+            continue
+        if head.plan_since is not None and head.plan_since <= after + 1:
+            out.append(Range(producer, after, head.batch, _layout(store, consumer, producer, head.plan, plans)))
+            continue
+        run: Range | None = None
+        for batch, plan in store.batch_plans(producer, after, head.batch):
+            layout = _layout(store, consumer, producer, plan, plans)
+            if run is not None and run.layout == layout:
+                run = run._replace(upto=batch)
+                continue
+            if run is not None:
+                out.append(run)
+            run = Range(producer, batch - 1, batch, layout)
+        if run is not None:
+            out.append(run)
+    return out
+
+
+def _layout(store: IntervalStore, consumer: Consumer, producer: str, plan: str | None,
+            plans: dict[str, dict[str, dict[str, int]] | None]) -> int | None:
+    """How many intervals a plan routed for ``consumer`` on every stream it reads of ``producer``;
+    None when it did not route all of them alike."""
+    if plan is None:
+        return None
+    if plan not in plans:
+        plans[plan] = store.plan_routes(plan)
+    routes = plans[plan] or {}
+    layouts = {routes.get(s, {}).get(consumer.name) for s in consumer.streams_of(producer)}
+    return layouts.pop() if len(layouts) == 1 and None not in layouts else None
+
+
+class Keyed(NamedTuple):
+    """One segment of a stream with the consumer's key of each record (None: rejected, ``errors``
+    says why) and each record's interval."""
+
+    stream: str
+    producer: str
+    batch: int
+    seg: SegmentColumns
+    keys: list[str | None]
+    errors: list[str | None] | None
+    shards: list[int | None]
+
+
+def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], dests: Sequence[int] | None,
+               shard_ids: dict[str, int]) -> Iterator[Keyed]:
+    """The consumer's records in ``ranges``: its routed segments of ``dests`` (every interval: None)
+    where routed under its own layout, every interval's where routed under another (re-keyed to
+    its own), and the streams' own segments keyed here where not routed."""
+    n = consumer.shards
+    same = [(r.producer, r.after, r.upto) for r in ranges if r.layout == n]
+    other = [(r.producer, r.after, r.upto) for r in ranges if r.layout is not None and r.layout != n]
+    for wanted, layout_dests in ((same, dests), (other, None)):
+        for routed in store.read_routes(consumer.name, wanted, layout_dests) if wanted else ():
+            if routed.stream not in consumer.inputs:
+                continue
+            keys = routed.seg.keys
+            yield Keyed(routed.stream, routed.producer, routed.batch, routed.seg, keys, routed.seg.errors,
+                        shards_of(keys, n, shard_ids))
+    for r in ranges:
+        if r.layout is not None:
+            continue
+        for stream in consumer.streams_of(r.producer):
+            for batch, seg in _segments(store, consumer.name, stream, r.producer, r.after, r.upto):
+                keys, errors = _key_segment(consumer.inputs[stream], seg)
+                yield Keyed(stream, r.producer, batch, seg, keys, errors, shards_of(keys, n, shard_ids))
+
+
+def _key_segment(extractor: KeyExtractor, seg: SegmentColumns) -> tuple[list[str | None], list[str | None] | None]:
+    """A stream segment's keys, extracted here; a record whose value cannot be decoded has none."""
+    try:
+        return keys_of(extractor, seg.values)
+    except Exception:
+        pass
+    values, undecodable = _values_at(seg, range(len(seg.timestamps)))
+    decodable = [i for i in range(len(seg.timestamps)) if i not in undecodable]
+    some, why = keys_of(extractor, [values[i] for i in decodable])
+    keys: list[str | None] = [None] * len(seg.timestamps)
+    errors: list[str | None] = [undecodable.get(i) for i in range(len(keys))]
+    for j, i in enumerate(decodable):
+        keys[i] = some[j]
+        if why is not None:
+            errors[i] = why[j]
+    return keys, errors
+
+
+class Selected(NamedTuple):
+    """What a reader keeps of a keyed segment: per interval its rows to deliver (in order), and the
+    rows that go to interval 0 as rejected input."""
+
+    keyed: Keyed
+    rows: dict[int, list[int]]
+    rejected: list[int]
+
+
+def select(consumer: Consumer, items: Iterable[Keyed], shards: Container[int] | None,
+           fences: tuple[Fence, ...] = (), folder_of: Callable[[int], Folder | None] = lambda shard: None,
+           before: int | None = None) -> Iterator[Selected]:
+    """Each keyed segment's rows of ``shards`` (every interval: None), less those an earlier layout
+    already took (``fences``); a monoid's foldable records go into ``folder_of(shard)`` (folded
+    from the field columns when it can: ``before`` is the earliest watermark of the folders, a
+    record behind it travels alone) and the rest travel alone."""
+    for k in items:
+        folding = k.stream in consumer.fold_streams and not fences
+        if folding and before is not None:
+            left = _fold_fields(consumer, k, shards, folder_of, before)
+            if left is not None:
+                yield Selected(k, left, [])
+                continue
+        rows = _rows_by_shard(k.shards, shards)
+        rejected: list[int] = []
+        if None in k.keys and (shards is None or 0 in shards):
+            rejected = [i for i, key in enumerate(k.keys)
+                        if key is None and not (fences and _taken_by_zero(fences, k.producer, k.batch))]
+        schema = consumer.schemas.get(k.stream)
+        for shard in list(rows):
+            mine = rows[shard]
+            if fences:
+                mine = [i for i in mine if not _taken(fences, k.keys[i], k.producer, k.batch)]  # type: ignore[arg-type]
+            folder = folder_of(shard) if folding else None
+            if mine and folder is not None:
+                values = _all_values(k.seg)  # an undecodable value leaves the segment unfolded: it is rejected
+                if values is not None:
+                    mine = folder.add_many(k.keys, values, k.seg.timestamps, k.seg.ids, mine,  # type: ignore[arg-type]
+                                           None if is_checked(k.seg, schema) else schema)
+            if mine:
+                rows[shard] = mine
+            else:
+                del rows[shard]
+        if rows or rejected:
+            yield Selected(k, rows, rejected)
+
+
+def _fold_fields(consumer: Consumer, k: Keyed, shards: Container[int] | None,
+                 folder_of: Callable[[int], Folder | None], before: int) -> dict[int, list[int]] | None:
+    """A typed stream's segment folded from its field columns (summed in Arrow, ``columnar_totals``,
+    or ``columnar_parts``' lists when some record may be late): the rows that travel alone (late
+    ones) by interval, or None: it takes the per-record path."""
+    if None in k.keys:
+        return None
+    first = next((f for f in map(folder_of, sorted({s for s in k.shards if s is not None})) if f is not None), None)
+    if first is None:
+        return None
+    extractor, schema = consumer.inputs[k.stream], consumer.schemas.get(k.stream)
+    totals = columnar_totals(first, extractor, k.seg, schema, before)
+    if totals is not None:
+        mine: dict[int, dict[tuple[str, int], tuple[int, int]]] = {}
+        for slot, summed in totals.items():
+            shard = shard_of(slot[0], consumer.shards)
+            if shards is None or shard in shards:
+                mine.setdefault(shard, {})[slot] = summed
+        for shard, owned in mine.items():
+            folder_of(shard).add_totals(owned)  # type: ignore[union-attr]
+        return {}
+    columns = columnar_parts(first, extractor, k.seg, schema)
+    if columns is None:
+        return None
+    keys, parts = columns
+    out: dict[int, list[int]] = {}
+    for shard, rows in _rows_by_shard(k.shards, shards).items():
+        late = folder_of(shard).add_columns(keys, parts, k.seg.timestamps, rows)  # type: ignore[union-attr]
+        if late:
+            out[shard] = late
+    return out
+
+
+def _all_values(seg: SegmentColumns) -> list[Any] | None:
+    try:
+        return seg.values
+    except Exception:
+        return None
+
+
+def is_checked(seg: SegmentColumns, schema: ValueCheck | None) -> bool:
+    """Whether the segment's writer already checked its values against ``schema`` (its field columns
+    were written under it)."""
+    return schema is not None and seg.fields_schema == schema.fingerprint
+
+
+def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
+    """The selected rows as records (values decoded once), by interval, and the rejected ones as
+    dead letters bound for interval 0 (or, under ``on_error="fail"``, the ``BadInputError``)."""
+    k = picked.keyed
+    mine = [i for rs in picked.rows.values() for i in rs]
+    values, undecodable = _values_at(k.seg, mine)
+    make = CheckedRecord if is_checked(k.seg, consumer.schemas.get(k.stream)) else InputRecord
+    stamps, ids = k.seg.timestamps, k.seg.ids
+    by_shard: dict[int, list[InputRecord]] = {}
+    for shard, rows in picked.rows.items():
+        good = [make(k.stream, k.keys[i], values[i], stamps[i], ids[i]) for i in rows  # type: ignore[arg-type]
+                if i not in undecodable]
+        if good:
+            by_shard[shard] = good
+    bad = sorted(set(picked.rejected) | set(undecodable))
+    raw = k.seg.raw_values if bad else []
+    errors = k.errors or [None] * len(k.keys)
+    return by_shard, reject_rows(consumer, [k.stream] * len(bad), [raw[i] for i in bad], [stamps[i] for i in bad],
+                                 [ids[i] for i in bad], [errors[i] for i in bad])
+
+
+def reject_rows(consumer: Consumer, streams: Sequence[str], raws: Sequence[bytes], stamps: Sequence[int],
+                ids: Sequence[str], errors: Sequence[str | None]) -> list[InputRecord]:
+    """Records with no key (``errors`` says why) or whose value cannot be decoded, as dead letters:
+    ``value`` is the decoded value, or the stored bytes when it cannot be decoded."""
+    out = []
+    for stream, raw, ts, rid, error in zip(streams, raws, stamps, ids, errors):
+        try:
+            value = pickle.loads(raw)
+        except Exception as exc:
+            out.append(rejection(consumer, stream, None, DECODING, _cause(exc), raw, ts, rid, exc))
+            continue
+        out.append(rejection(consumer, stream, None, _keying(consumer, stream), error or "no key", value, ts, rid))
+    return out
+
+
+def decode_rows(consumer: Consumer, streams: Sequence[str], keys: Sequence[str], raws: Sequence[bytes],
+                stamps: Sequence[int], ids: Sequence[str],
+                checked: Sequence[bool]) -> tuple[list[InputRecord], list[InputRecord]]:
+    """Rows that crossed a shuffle with their values still stored (micro-batch shard tasks) as
+    records, decoded once; an undecodable one is rejected as ``records_of`` rejects it."""
+    out: list[InputRecord] = []
+    rejected: list[InputRecord] = []
+    loads = pickle.loads
+    for stream, key, raw, ts, rid, ok in zip(streams, keys, raws, stamps, ids, checked):
+        try:
+            value = loads(raw)
+        except Exception as exc:
+            rejected.append(rejection(consumer, stream, None, DECODING, _cause(exc), raw, ts, rid, exc))
+            continue
+        out.append((CheckedRecord if ok else InputRecord)(stream, key, value, ts, rid))
+    return out, rejected
+
+
+def rejection(consumer: Consumer, stream: str, key: str | None, stage: str, cause: str, value: Any,
+              timestamp: int, record_id: str, exc: BaseException | None = None) -> InputRecord:
+    """A record the consumer cannot take: its dead letter (bound for interval 0), or, under
+    ``on_error="fail"``, the ``BadInputError`` that names it."""
+    if consumer.options.on_error != "dead_letter":
+        raise BadInputError(
+            f"Computation {consumer.name!r} cannot take record {record_id!r} of stream {stream!r}: failed {stage}",
+            got_text=cause,
+            hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) or "No module named" in cause else
+            "fix the record or the key extractor, or add the computation with on_error='dead_letter' to route "
+            "such records aside") from None
+    return InputRecord(stream, "", {"computation": consumer.name, "key": key, "at": f"failed {stage}",
+                                    "stream": stream, "record_id": record_id, "value": value, "error": cause},
+                       timestamp, record_id)
+
+
+def _keying(consumer: Consumer, stream: str) -> str:
+    return f"extracting its key with {consumer.inputs[stream].description}"
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _values_at(seg: SegmentColumns, rows: Sequence[int]) -> tuple[dict[int, Any], dict[int, str]]:
+    """The decoded values at ``rows`` (one pass when all decode), and why each undecodable one is not."""
+    try:
+        return dict(zip(rows, seg.values_at(rows))), {}
+    except Exception:
+        pass
+    values: dict[int, Any] = {}
+    failed: dict[int, str] = {}
+    raw = seg.raw_values
+    for i in rows:
+        try:
+            values[i] = pickle.loads(raw[i])
+        except Exception as exc:
+            failed[i] = _cause(exc)
+    return values, failed
+
+
+def _segments(store: IntervalStore, name: str, stream: str, producer: str, after: int, upto: int) -> Iterator[Any]:
+    """The segments of ``producer`` on ``stream`` in batches (after, upto]; one that cannot be read
+    stops the reader with an error that names it (retrying could never get past it)."""
+    try:
+        yield from store.read_segment_columns(stream, producer, after, upto)
+    except Exception as exc:
+        raise _unreadable(name, stream, producer, f"in its batches {after + 1}..{upto}", exc) from None
+
+
+def _unreadable(name: str, stream: str, producer: str, where: str, exc: Exception) -> BadInputError:
+    return BadInputError(
+        f"Computation {name!r} cannot decode a record of stream {stream!r} written by {producer!r} {where}",
+        got_text=_cause(exc),
+        hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
+        "a value this worker cannot unpickle: install on the workers the modules its classes come from")
+
+
+def _rows_by_shard(sids: Sequence[int | None], shards: Container[int] | None) -> dict[int, list[int]]:
+    """The rows of each interval (of ``shards``), in order: a C-speed pass per interval when few."""
+    if shards is not None and isinstance(shards, (set, frozenset)) and len(shards) <= 8:
+        return {s: rows for s in shards if (rows := list(compress(range(len(sids)), map(eq, sids, repeat(s)))))}
+    out: dict[int, list[int]] = {}
+    for i, s in enumerate(sids):
+        if s is not None and (shards is None or s in shards):
+            out.setdefault(s, []).append(i)
+    return out
+
+
+def _taken(fences: tuple[Fence, ...], key: str, producer: str, batch: int) -> bool:
+    """Whether an interval of an earlier layout already took this record for its key."""
+    return any(batch <= at.get(shard_of(key, n), {}).get(producer, 0) for n, at in fences)
+
+
+def _taken_by_zero(fences: tuple[Fence, ...], producer: str, batch: int) -> bool:
+    """Whether an earlier layout's interval 0, which takes bad input, already took this batch's."""
+    return any(batch <= at.get(0, {}).get(producer, 0) for _, at in fences)

@@ -1,0 +1,29 @@
+"""Publishing an injector's batch (every kind of injector goes through here): its stream's
+segment, its routed segments for the stream's consumers (keyed delivery, ``engine/routing.py``),
+its journal row with the injector's watermark and its resume point, in one transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..names import id_prefix
+from .batch import Production, Routing
+from .ports import Bus
+from .routing import RoutingPlan
+
+__all__ = ["publish_injected"]
+
+
+def publish_injected(store: Bus, producer: str, batch: int, stream: str, records: list[tuple[Any, int, str | None]],
+                     watermark: int, checkpoint: str | None, schema: Any, plan: RoutingPlan,
+                     since: int) -> int:
+    """Publish one injector batch of ``(value, timestamp, id or None)`` records (positional ids
+    ``<producer>:<batch>:<n>`` for those without), routed by ``plan`` (followed since batch
+    ``since``); returns how many records it published."""
+    prefix = id_prefix(producer, batch)
+    prods = [Production(stream, None, v, ts, rid or f"{prefix}{n}") for n, (v, ts, rid) in enumerate(records)]
+    routing = (Routing(plan.id, since, plan.route(stream, [p.value for p in prods])) if plan.routes_for(stream)
+               else None)
+    store.publish(producer, batch, {stream: prods}, watermark, checkpoint,
+                  {stream: schema} if schema is not None else None, routing)
+    return len(prods)

@@ -1,0 +1,133 @@
+"""Every name headrace writes into a store, formatted and parsed in one place: producers on the
+bus, record ids, execution modes, dead-letter streams and the keys of ``meta`` rows.
+
+>>> injector("queries"), injector("queries", 2), interval("Counter", 3)
+('inject:queries', 'inject:queries/2', 'Counter/3')
+>>> parse_producer("inject:queries/2")
+Producer(kind='injector', name='queries', part='2')
+>>> parse_producer("Counter/3").interval, parse_producer("Counter").kind
+(3, 'computation')
+>>> id_prefix("Counter", 7, shard=2), id_sequence("Counter:2:7:11")
+('Counter:2:7:', 11)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = [
+    "MODES", "MICROBATCH", "CONTINUOUS", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream",
+    "id_prefix", "id_sequence", "meta",
+]
+
+MICROBATCH, CONTINUOUS = "microbatch", "continuous"
+MODES = (MICROBATCH, CONTINUOUS)
+
+_INJECT = "inject:"
+_DEAD_LETTER = ".dead_letter"
+
+
+class Producer(NamedTuple):
+    """A producer name taken apart: an injector (``inject:<stream>`` or ``inject:<stream>/<part>``),
+    a whole computation (``C``, micro-batch mode) or one key interval of it (``C/<i>``)."""
+
+    kind: str  # "injector", "computation" or "interval"
+    name: str  # the stream (an injector's) or the computation
+    part: str | None = None  # an injector's part, or an interval's number as text
+
+    @property
+    def interval(self) -> int | None:
+        return int(self.part) if self.kind == "interval" and self.part is not None else None
+
+
+def injector(stream: str, part: int | str | None = None) -> str:
+    """The producer an injector of ``stream`` publishes as: one per part when it has several."""
+    return f"{_INJECT}{stream}" if part is None else f"{_INJECT}{stream}/{part}"
+
+
+def interval(computation: str, shard: int) -> str:
+    """The producer one key interval of a computation writes as in continuous mode."""
+    return f"{computation}/{shard}"
+
+
+def parse_producer(name: str) -> Producer:
+    if name.startswith(_INJECT):
+        stream, _, part = name[len(_INJECT):].partition("/")
+        return Producer("injector", stream, part or None)
+    computation, slash, shard = name.rpartition("/")
+    if slash and shard.isdigit():
+        return Producer("interval", computation, shard)
+    return Producer("computation", name)
+
+
+def dead_letter_stream(owner: str) -> str:
+    """Where a computation (or an injector of a stream) sends what it could not process."""
+    return f"{owner}{_DEAD_LETTER}"
+
+
+def id_prefix(producer: str, batch: int, shard: int | None = None) -> str:
+    """Record ids are ``<prefix><n>`` for the n-th record a producer made in a batch (on a shard):
+    unique, because a producer commits each (batch, shard) once, and the same on every retry.
+    Injectors have no shards: ``inject:queries:7:0``; computations: ``WindowCounter:2:7:1``."""
+    return f"{producer}:{batch}:" if shard is None else f"{producer}:{shard}:{batch}:"
+
+
+def id_sequence(record_id: str) -> int:
+    """The n of an id made by ``id_prefix``: the record's place in its producer's batch."""
+    return int(record_id.rsplit(":", 1)[1])
+
+
+class meta:
+    """Keys of ``meta`` rows. Rows of a topology's runs (``stop``, ``worker``) carry the topology
+    and the run id, so the next driver of the topology removes those of finished runs; the rest
+    live as long as what they describe.
+
+    >>> meta.worker("zeitgeist", "ab12", "host:7:task0.0")
+    'worker:zeitgeist:ab12:host:7:task0.0'
+    >>> meta.parse_worker("worker:zeitgeist:ab12:host:7:task0.0")
+    ('zeitgeist', 'ab12', 'host:7:task0.0')
+    """
+
+    INSTANCE = "instance"  # the store's random id, made once (Spark checkpoints carry it)
+    SCHEMA_VERSION = "schema_version"
+    STOP, WORKER = "stop:", "worker:"  # per run: the driver asks a run's workers to stop; a worker's facts
+    RUN_SCOPED = (STOP, WORKER)
+
+    @staticmethod
+    def mode(topology: str) -> str:
+        return f"mode:{topology}"
+
+    @staticmethod
+    def driver(topology: str) -> str:
+        return f"driver:{topology}"
+
+    @staticmethod
+    def topology(name: str) -> str:
+        return f"topology:{name}"
+
+    @staticmethod
+    def schema(stream: str) -> str:
+        return f"schema:{stream}"
+
+    @staticmethod
+    def fences(computation: str) -> str:
+        return f"fences:{computation}"
+
+    @staticmethod
+    def stop(topology: str, run: str) -> str:
+        return f"{meta.STOP}{topology}:{run}"
+
+    @staticmethod
+    def worker(topology: str, run: str, owner: str = "") -> str:
+        return f"{meta.WORKER}{topology}:{run}:{owner}"
+
+    @staticmethod
+    def parse_worker(key: str) -> tuple[str, str, str]:
+        """(topology, run, owner) of a ``worker`` key."""
+        topology, run, owner = key[len(meta.WORKER):].split(":", 2)
+        return topology, run, owner
+
+    @staticmethod
+    def runs_of(topology: str) -> tuple[str, ...]:
+        """The key prefixes of every run-scoped row of ``topology``."""
+        return tuple(f"{prefix}{topology}:" for prefix in meta.RUN_SCOPED)

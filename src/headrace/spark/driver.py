@@ -1,0 +1,255 @@
+"""The driver both execution modes share (docs/architecture.md §4): it claims the topology's mode
+on the store and becomes its one driver, declares the bus (each stream's producers in that mode),
+records the topology and its routing plans, starts the injectors, the sinks, the monitor and the
+progress queries, waits until the topology has drained, describes it as it goes, and stops it.
+
+A mode says how its computations run (``MicroBatchRunner`` in ``spark/runner.py``: a streaming
+query each; ``ContinuousRunner`` in ``spark/continuous.py``: one job of worker tasks) by filling
+in the ``_start_computations``, ``_check_computations``, ``drained`` and ``_stop_computations``
+hooks, and what it knows of them (``watermarks``, ``batches``, ``running``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Sequence, TextIO
+
+from ..engine.routing import RoutingPlan
+from ..errors import HeadraceError, OptionError, UserCodeError
+from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from ..monitor.events import blamed, record_error
+from ..monitor.graph import record_topology
+from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
+from ..names import MODES, meta
+from ..plans import producers_of, routing_plan
+from ..store import Store, open_store
+from ..topology import Topology
+from .frames import declare_schemas
+from .inject import DataFrameInjector
+from .injectors import InjectorThread, start_injectors
+from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress, stop_progress
+from .query import QueryStats
+from .session import spark_session, ui_url
+from .shipping import prepare_user_code
+from .checkpoints import checkpoint_root
+from .sinks import SinkQuery, jdbc_jars, start_sinks
+
+__all__ = ["Driver", "RunResult", "claim_mode", "check_start"]
+
+
+@dataclass
+class RunResult:
+    elapsed_s: float
+    stats: dict[str, QueryStats] = field(default_factory=dict)
+    injected: dict[str, int] = field(default_factory=dict)
+    ui_url: str | None = None  # the Spark web UI the run was watchable in
+
+
+def claim_mode(store: Store, topology: Topology, mode: str) -> None:
+    """A topology runs in one execution mode for the life of its store: the modes keep their input
+    positions in different places (Spark checkpoints, interval positions), so a switch would read
+    every stream again from its beginning. The mode a computation was registered in says it."""
+    for name, found in sorted(store.computation_modes(list(topology.computations)).items()):
+        if found != mode:
+            raise OptionError(f"Topology {topology.name!r} already ran in {found} mode on {store.shown_url} "
+                              f"(computation {name!r})", got=mode,
+                              hint=f"run it with mode={found!r}, or start it over on a new store")
+
+
+def check_start(start: Any) -> None:
+    if not (start in ("beginning", "now") or (isinstance(start, int) and not isinstance(start, bool))):
+        raise OptionError("A computation starts from 'beginning', 'now' or a time in ms since the epoch",
+                          got=start, hint="start='beginning'")
+
+
+class Driver:
+    """Runs a topology on Spark in one mode. ``start()``, then ``wait()`` (drained) or ``stop()``."""
+
+    mode: str = MODES[0]
+
+    def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
+                 progress: TextIO | None = None, progress_every_s: float = 5.0, metrics_port: int | None = None,
+                 ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False,
+                 checkpoint_dir: str | None = None, trigger_ms: int = 200):
+        self.topology = topology
+        self.py_files = list(py_files)
+        self.metrics_port = check_metrics_port(metrics_port)
+        self.with_progress = check_progress_queries(progress_queries)
+        self.store = open_store(store)  # validates the URL before Spark starts
+        self.url = self.store.url
+        self.master, self.spark, self.ui = master, spark, ui
+        self.progress, self.progress_every_s = progress, progress_every_s
+        self.trigger_ms = trigger_ms
+        self.driver_id = uuid.uuid4().hex[:12]
+        claim_mode(self.store, topology, self.mode)
+        self.checkpoint_root = checkpoint_root(self.store, topology.name, checkpoint_dir)
+        self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
+        self.sinks: list[SinkQuery] = []
+        self.progress_queries: dict[str, StatusQuery] = {}
+        self.errors: list[BaseException] = []
+        self.watcher: Watcher | None = None
+        self.removed: set[str] = set()
+        self._started = 0.0
+        self._woken = threading.Event()  # a computation finished a batch: ``wait`` looks at once
+
+    # -- the bus ------------------------------------------------------------------------------------
+
+    def producers(self, stream: str) -> list[str]:
+        """Who writes ``stream`` in this mode."""
+        return producers_of(self.topology, stream, self.mode)
+
+    def routing(self, streams: frozenset[str] | None = None) -> RoutingPlan:
+        """Whom the producers of ``streams`` route for: the running computations that read them."""
+        running = frozenset(n for n in self.topology.computations if n not in self.removed)
+        return routing_plan(self.topology, streams, running)
+
+    def _declare(self) -> None:
+        for stream in sorted(self.topology.streams()):
+            self.store.declare_stream(stream, *self.producers(stream))
+        self._record_topology()
+        declare_schemas(self.store, self.topology.schemas)
+
+    def _record_topology(self) -> None:
+        record_topology(self.store, self.topology, self.mode,
+                        {s: self.producers(s) for s in self.topology.streams()})
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "Driver":
+        self._started = time.time()
+        if self.spark is None:
+            self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
+                                       conf=jdbc_jars(self.topology), ui=self.ui)
+        url = ui_url(self.spark)
+        if self.progress is not None and url:
+            print(f"headrace: Spark UI at {url}", file=self.progress, flush=True)
+        prepare_user_code(self.spark, self.topology, self.py_files, self.progress)
+        # the newest driver of a topology is its only one: older ones, and their workers, stop;
+        # the rows of their runs go
+        self.store.put_meta(meta.driver(self.topology.name), self.driver_id)
+        self.store.delete_meta(*meta.runs_of(self.topology.name))
+        self._declare()
+        self.watcher = Watcher(self.url, metrics_port=self.metrics_port).start()
+        announce_metrics(self.watcher, self.progress)
+        self.injectors = start_injectors(self.topology, self.url, self.checkpoint_root, self.trigger_ms,
+                                         self.errors.append, self.routing)
+        self._start_computations()
+        self.sinks = start_sinks(self.spark, self.topology, self.url, self.checkpoint_root, self.trigger_ms)
+        if self.with_progress:
+            self.progress_queries = start_progress(self.spark, [n for n in self.topology.computations
+                                                                if n not in self.removed], self.url)
+        return self
+
+    def _start_computations(self) -> None:
+        raise NotImplementedError
+
+    def _check_computations(self) -> None:
+        raise NotImplementedError
+
+    def _stop_computations(self) -> None:
+        raise NotImplementedError
+
+    def drained(self) -> bool:
+        """Every injector exhausted and every computation has processed the end of time."""
+        return all(i.finished.is_set() for i in self.injectors.values()) and self._computations_drained()
+
+    def _computations_drained(self) -> bool:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise the first failure of an injector, a computation, a sink or a progress query."""
+        try:
+            if self.errors:
+                exc = self.errors[0]
+                if isinstance(exc, HeadraceError):
+                    raise exc
+                raise UserCodeError("An injector failed", got_text=f"{type(exc).__name__}: {exc}",
+                                    hint="fix the source; the injector resumes from its last published batch") from exc
+            for injector in self.injectors.values():
+                if isinstance(injector, DataFrameInjector):
+                    injector.check()
+            self._check_computations()
+            for query in [*self.sinks, *self.progress_queries.values()]:
+                query.check()
+        except Exception as exc:
+            record_error(self.store, blamed(self.topology, exc), exc)
+            raise
+
+    def _tick(self) -> None:
+        """Housekeeping while ``wait`` waits (retention)."""
+
+    def _finish(self) -> None:
+        """Once drained: what the mode does before the final progress events (its last reports)."""
+
+    def wait(self, timeout_s: float | None = None) -> RunResult:
+        """Block until drained (all injectors bounded), ``timeout_s`` passes, or Ctrl-C."""
+        deadline = None if timeout_s is None else time.time() + timeout_s
+        last_report = time.time()
+        while True:
+            self._woken.clear()  # before looking: a batch that ends after the look wakes the wait below
+            if self.drained():
+                break
+            self.check()
+            if deadline is not None and time.time() > deadline:
+                raise TimeoutError(f"topology {self.topology.name!r} did not drain in {timeout_s} s: "
+                                   + self.describe())
+            self._tick()
+            if self.progress is not None and time.time() - last_report >= self.progress_every_s:
+                print(self.describe(), file=self.progress, flush=True)
+                last_report = time.time()
+            self._woken.wait(0.05)
+        for sink in self.sinks:
+            sink.flush()
+        self._finish()
+        flush_progress(self.progress_queries.values())
+        self.check()
+        return self.result()
+
+    def stop(self) -> None:
+        for injector in self.injectors.values():
+            injector.stop()
+        for sink in self.sinks:
+            sink.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+        try:
+            self._stop_computations()
+        finally:
+            try:
+                stop_progress(self.progress_queries.values(), self._final_progress_s())
+            finally:
+                if self.store.get_meta(meta.driver(self.topology.name)) == self.driver_id:
+                    self.store.delete_meta(*meta.runs_of(self.topology.name))
+                self.store.close()
+
+    def _final_progress_s(self) -> float:
+        """How long a stopped run's progress queries may take to report where it stopped."""
+        return 5.0
+
+    # -- observing ----------------------------------------------------------------------------------
+
+    def watermarks(self) -> dict[str, tuple[int, int]]:
+        """Per computation: (input low watermark, output low watermark); per injector: its watermark twice."""
+        raise NotImplementedError
+
+    def batches(self, name: str) -> int:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, QueryStats]:
+        raise NotImplementedError
+
+    def result(self) -> RunResult:
+        return RunResult(time.time() - self._started, self.stats(),
+                         {p: i.published for p, i in self.injectors.items()}, ui_url(self.spark))
+
+    def describe(self) -> str:
+        parts = []
+        for name, (_, out) in self.watermarks().items():
+            shown = "end" if out == END_OF_TIME else "start" if out == BEGINNING_OF_TIME else str(out)
+            count = (f" batches={self.batches(name)}" if name in self.topology.computations
+                     else f" records={self.injectors[name].published}" if name in self.injectors else "")
+            parts.append(f"{name}: wm={shown}{count}")
+        return "; ".join(parts)

@@ -1,0 +1,238 @@
+"""The bus in the store (docs/architecture.md §3.7): the journal of every producer's completed
+batches with their watermarks and routing plans, each stream's segments, and the routed segments
+of keyed delivery, one per consumer interval (``engine/routing.py``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Mapping, Sequence
+
+from ..engine.batch import Production, Routed, Routing
+from ..engine.ports import BatchInfo, Head, RoutedSegment, SegmentColumns, StoredRecord
+from ..errors import FencedWriterError, StaleBatchError
+from ..schema import StreamSchema
+from .connection import Connection
+from .segments import routed_table, segment_columns, segment_table, to_bytes
+
+__all__ = ["BusQueries", "BATCH_COLUMNS"]
+
+BATCH_COLUMNS = "producer, batch, input_watermark, output_watermark, completed_at"
+
+
+class BusQueries(Connection):
+    """Streams, segments, routed segments and the journal."""
+
+    # -- the journal ------------------------------------------------------------------------------
+    def _journal(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
+                 routing: Routing | None) -> None:
+        self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (producer, batch, input_watermark, output_watermark, self.now(),
+                 routing.plan if routing else None, routing.since if routing else None))
+
+    def complete_batch(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
+                       sequencer: int | None = None, routing: Routing | None = None) -> int:
+        """Journal ``batch`` of ``producer`` as complete; returns the journaled (monotonic) output watermark."""
+        with self._transaction():
+            self._lock_producer(producer)
+            if sequencer is not None:
+                self._check_sequencer(producer, sequencer)
+            prev = self._one("SELECT output_watermark, input_watermark, batch FROM batches WHERE producer = ? "
+                             "ORDER BY batch DESC LIMIT 1", (producer,))
+            if prev is not None and prev[2] >= batch:
+                row = self._one("SELECT output_watermark FROM batches WHERE producer = ? AND batch = ?", (producer, batch))
+                return int(row[0]) if row else int(prev[0])
+            out = max(output_watermark, prev[0]) if prev else output_watermark
+            inp = max(input_watermark, prev[1]) if prev else input_watermark
+            self._journal(producer, batch, inp, out, routing)
+            return out
+
+    def _check_sequencer(self, computation: str, sequencer: int) -> None:
+        row = self._one(f"SELECT sequencer FROM computations WHERE name = ?{self.FOR_SHARE}", (computation,))
+        current = int(row[0]) if row else 0
+        if current != sequencer:
+            raise FencedWriterError(
+                f"Writer of {computation!r} with sequencer {sequencer} was fenced off: the store's sequencer is {current}",
+                got=sequencer,
+                hint="a newer driver took over this computation; this process is a zombie and must stop",
+            )
+
+
+    def latest_batch(self, producer: str) -> BatchInfo | None:
+        row = self._one(f"SELECT {BATCH_COLUMNS} FROM batches WHERE producer = ? ORDER BY batch DESC LIMIT 1", (producer,))
+        return BatchInfo(*row) if row else None
+
+    def batch_info(self, producer: str, batch: int) -> BatchInfo | None:
+        row = self._one(f"SELECT {BATCH_COLUMNS} FROM batches WHERE producer = ? AND batch = ?", (producer, batch))
+        return BatchInfo(*row) if row else None
+
+    def latest_batches(self, producers: list[str]) -> dict[str, int]:
+        """The last batch each producer journaled (absent: none yet), in one query: one index
+        seek per producer (a ``GROUP BY`` over the journal would read every batch it ever had)."""
+        if not producers:
+            return {}
+        values, param = self._values("p", producers)
+        return {p: int(b) for p, b in self._all(
+            f"SELECT p, (SELECT MAX(batch) FROM batches WHERE producer = p) FROM {values}", (param,)) if b is not None}
+
+    def journal_heads_of(self, producers: list[str]) -> dict[str, Head]:
+        """Each producer's last journaled batch with its output watermark and routing plan, in one
+        query (absent: nothing journaled yet)."""
+        if not producers:
+            return {}
+        values, param = self._values("p", sorted(set(producers)))
+        return {str(p): Head(int(b), int(w), plan, None if since is None else int(since)) for p, b, w, plan, since in
+                self._all(f"SELECT b.producer, b.batch, b.output_watermark, b.plan, b.plan_since FROM {values} "
+                          "JOIN batches b ON b.producer = p AND b.batch = (SELECT MAX(batch) FROM batches "
+                          "WHERE producer = p)", (param,))}
+
+    def heads_at(self, positions: Mapping[str, int]) -> dict[str, Head]:
+        """Each producer's journal at a given batch, as ``journal_heads_of`` gives its last (a
+        producer at batch 0, or whose batch is not journaled, is absent)."""
+        wanted = [(p, b, b) for p, b in sorted(positions.items()) if b > 0]
+        if not wanted:
+            return {}
+        table, param = self._ranges(wanted)
+        return {str(p): Head(int(b), int(w), plan, None if since is None else int(since)) for p, b, w, plan, since in
+                self._all(f"SELECT b.producer, b.batch, b.output_watermark, b.plan, b.plan_since FROM {table} "
+                          "JOIN batches b ON b.producer = p AND b.batch = hi", (param,))}
+
+    def batch_plans(self, producer: str, after: int, upto: int) -> list[tuple[int, str | None]]:
+        """The routing plan of each of ``producer``'s batches in (after, upto]."""
+        return [(int(b), p) for b, p in self._all(
+            "SELECT batch, plan FROM batches WHERE producer = ? AND batch > ? AND batch <= ? ORDER BY batch",
+            (producer, after, upto))]
+
+    def batches(self, producer: str, after: int = 0) -> list[BatchInfo]:
+        return [BatchInfo(*r) for r in self._all(
+            f"SELECT {BATCH_COLUMNS} FROM batches WHERE producer = ? AND batch > ? ORDER BY batch", (producer, after))]
+
+    def journal_heads(self) -> list[BatchInfo]:
+        """The latest journaled batch of every producer."""
+        return [BatchInfo(*r) for r in self._all(
+            f"SELECT {', '.join('b.' + c for c in BATCH_COLUMNS.split(', '))} FROM batches b JOIN "
+            "(SELECT producer, MAX(batch) AS batch FROM batches GROUP BY producer) h "
+            "ON b.producer = h.producer AND b.batch = h.batch ORDER BY b.producer")]
+
+    def batch_before(self, producer: str, time_ms: int) -> int:
+        """The last batch ``producer`` completed before ``time_ms`` (0 if none): where a replay from a time starts."""
+        row = self._one("SELECT MAX(batch) FROM batches WHERE producer = ? AND completed_at < ?", (producer, time_ms))
+        return int(row[0] or 0)
+
+    # -- routing plans ------------------------------------------------------------------------------
+    def register_plan(self, plan: str, routes: Mapping[str, Mapping[str, int]]) -> None:
+        """Record a routing plan (``RoutingPlan.routes`` under ``RoutingPlan.id``) before a batch names it."""
+        self._x("INSERT INTO plans VALUES (?, ?) ON CONFLICT(id) DO NOTHING", (plan, json.dumps(routes)))
+
+    def plan_routes(self, plan: str) -> dict[str, dict[str, int]] | None:
+        row = self._one("SELECT routes FROM plans WHERE id = ?", (plan,))
+        return None if row is None else {s: {c: int(n) for c, n in cs.items()} for s, cs in json.loads(row[0]).items()}
+
+    # -- streams and segments -----------------------------------------------------------------------
+    def declare_stream(self, stream: str, *producers: str) -> None:
+        """Record that ``producers`` write ``stream``, so readers know the stream before its first
+        record (in one statement: a computation of 100,000 intervals is 100,000 producers)."""
+        if producers:
+            values, param = self._values("p", sorted(set(producers)))
+            self._x(f"INSERT INTO streams SELECT ?, p FROM {values} WHERE true ON CONFLICT(stream, producer) DO NOTHING",
+                    (stream, param))
+
+    def streams(self) -> list[str]:
+        """Every stream declared or written in this store."""
+        return [r[0] for r in self._all("SELECT stream FROM streams UNION SELECT DISTINCT stream FROM segments "
+                                        "ORDER BY 1")]
+
+    def stream_producers(self, stream: str) -> list[str]:
+        return [r[0] for r in self._all("SELECT producer FROM streams WHERE stream = ? UNION "
+                                        "SELECT DISTINCT producer FROM segments WHERE stream = ? ORDER BY 1",
+                                        (stream, stream))]
+
+    def publish(self, producer: str, batch: int, records: dict[str, list[Production]], watermark: int,
+                checkpoint: str | None = None, schemas: Mapping[str, StreamSchema] | None = None,
+                routing: Routing | None = None) -> None:
+        """An injector's batch: its segments, its routed segments, its journal entry and its resume
+        point, in one transaction.
+
+        Publishing a batch that is already journaled does nothing, so an injector that crashed and
+        replays from its last checkpoint never doubles a batch.
+        """
+        with self._transaction():
+            self._lock_producer(producer)
+            if self._one("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)):
+                return
+            prev = self.latest_batch(producer)
+            if prev is not None and prev.batch >= batch:
+                raise StaleBatchError(f"Injector {producer!r} is at batch {prev.batch}, past {batch}", got=batch,
+                                      hint="resume from the checkpoint the store returns")
+            self._write_segments(producer, batch, 0, records, schemas or {}, routing)
+            wm = max(watermark, prev.output_watermark) if prev else watermark
+            self._journal(producer, batch, wm, wm, routing)
+            self._x("INSERT INTO checkpoints VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET position = excluded.position",
+                    (producer, checkpoint))
+
+    def _write_segments(self, producer: str, batch: int, slot: int, records: Mapping[str, Sequence[Production]],
+                        schemas: Mapping[str, StreamSchema], routing: Routing | None) -> None:
+        """Each stream's segment, and the routed segments of ``routing`` (rows index each stream's records)."""
+        now = self.now()
+        tables = {stream: segment_table(ps, schemas.get(stream)) for stream, ps in records.items() if ps}
+        self._xmany("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream, producer, batch, shard) "
+                    "DO UPDATE SET count = excluded.count, data = excluded.data, created_at = excluded.created_at",
+                    [(stream, producer, batch, slot, t.num_rows, to_bytes(t), now) for stream, t in tables.items()])
+        if routing is not None and routing.routes:
+            self._put_routes(producer, batch, slot, tables, routing.routes)
+
+    def _put_routes(self, producer: str, batch: int, slot: int, tables: Mapping[str, Any],
+                    routes: Sequence[Routed]) -> None:
+        self._xmany("INSERT INTO routes VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(consumer, dest, producer, batch, "
+                    "stream, slot) DO UPDATE SET count = excluded.count, data = excluded.data",
+                    [(r.consumer, r.dest, producer, batch, r.stream, slot, len(r.rows),
+                      to_bytes(routed_table(tables[r.stream], r.rows, r.keys, r.errors)))
+                     for r in routes if r.stream in tables])
+
+    def read_routes(self, consumer: str, ranges: Sequence[tuple[str, int, int]],
+                    dests: Sequence[int] | None = None) -> Iterator[RoutedSegment]:
+        """``consumer``'s routed segments in the batches (after, upto] of each ``(producer, after,
+        upto)``, of every interval or of ``dests``, in one query, per producer in batch order."""
+        if not ranges:
+            return
+        table, param = self._ranges(list(ranges))
+        sql = (f"SELECT r.producer, r.batch, r.stream, r.dest, r.data FROM {table} JOIN routes r ON r.consumer = ? "
+               "AND r.producer = p AND r.batch > lo AND r.batch <= hi")
+        params: list[Any] = [param, consumer]
+        if dests is not None:
+            condition, dests_param = self._in_list("r.dest", sorted(set(dests)))
+            sql += f" AND {condition}"
+            params.append(dests_param)
+        for producer, batch, stream, dest, data in self._all(sql + " ORDER BY r.producer, r.batch, r.slot, r.stream, "
+                                                                   "r.dest", params):
+            yield RoutedSegment(str(producer), int(batch), str(stream), int(dest), segment_columns(data))
+
+    def read_segments(self, stream: str, producer: str, after_batch: int,
+                      upto_batch: int) -> Iterator[tuple[int, StoredRecord]]:
+        for batch, seg in self.read_segment_columns(stream, producer, after_batch, upto_batch):
+            for r in zip(seg.keys, seg.values, seg.timestamps, seg.ids):
+                yield batch, StoredRecord(*r)
+
+    def read_segment_columns(self, stream: str, producer: str, after_batch: int,
+                             upto_batch: int) -> Iterator[tuple[int, SegmentColumns]]:
+        for batch, _shard, data in self.segment_blobs(stream, producer, after_batch, upto_batch):
+            yield batch, segment_columns(data)
+
+    def segment_blobs(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> list[tuple[int, int, bytes]]:
+        """Raw segments (batch, shard, Arrow IPC bytes) of ``producer`` on ``stream`` in (after, upto]."""
+        return self._all(
+            "SELECT batch, shard, data FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ? "
+            "ORDER BY batch, shard", (stream, producer, after_batch, upto_batch))
+
+    def segment_records(self, stream: str, producer: str, after_batch: int, upto_batch: int) -> int:
+        """How many records ``producer``'s segments on ``stream`` in (after, upto] hold."""
+        row = self._one("SELECT SUM(count) FROM segments WHERE stream = ? AND producer = ? AND batch > ? AND batch <= ?",
+                        (stream, producer, after_batch, upto_batch))
+        return int(row[0] or 0)
+
+    def trim_segments(self, older_than_ms: int) -> int:
+        """Retention: delete segments committed before ``older_than_ms``; returns how many went."""
+        return int(self._x("DELETE FROM segments WHERE created_at < ?", (older_than_ms,)).rowcount)
+
+    def checkpoint(self, producer: str) -> str | None:
+        row = self._one("SELECT position FROM checkpoints WHERE producer = ?", (producer,))
+        return row[0] if row else None

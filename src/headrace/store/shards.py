@@ -1,0 +1,260 @@
+"""One shard's batch in the store (docs/architecture.md §3.4-3.6): the shard's snapshot read at
+the start of a batch, and its whole outcome written in one transaction, conditional on the
+shard's version and the writer's sequencer; the shard row is read ``FOR UPDATE`` where the
+database has row locks, so a takeover waits for commits in flight and fences every later one."""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..engine.batch import DueTimer, Production, QuietReport, ShardCommit, ShardSnapshot
+from ..errors import FencedWriterError, StaleBatchError, StoreError
+from ..names import id_sequence
+from .intervals import IntervalQueries
+from .segments import segment_rows
+
+__all__ = ["ShardQueries", "WEAK_SLOT"]
+
+WEAK_SLOT = 1 << 20  # segment slots of weak-production resends: shard + k * WEAK_SLOT (shards < WEAK_SLOT)
+
+
+class ShardQueries(IntervalQueries):
+    """Shard snapshots and commits."""
+
+    def _check_shard_sequencer(self, c: ShardCommit) -> None:
+        row = self._one(f"SELECT sequencer FROM shards WHERE computation = ? AND shard = ?{self.FOR_UPDATE}",
+                        (c.computation, c.shard))
+        current = int(row[0]) if row else 0
+        if current != c.sequencer:
+            hint = (f"a newer owner took interval {c.shard} of this computation; this worker drops it and goes on"
+                    if c.journal_as else
+                    "a newer driver took over this computation; this process is a zombie and must stop")
+            raise FencedWriterError(
+                f"Writer of {c.computation!r} with sequencer {c.sequencer} was fenced off: the store's sequencer is "
+                f"{current}", got=c.sequencer, hint=hint)
+
+    # -- one shard batch --------------------------------------------------------------------------
+    def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int, wall_clock: int) -> ShardSnapshot:
+        with self._transaction(self.BEGIN_READ):
+            row = self._one("SELECT version, output_watermark FROM shards WHERE computation = ? AND shard = ?",
+                            (computation, shard))
+            if row is None:
+                raise StoreError(f"Shard {shard} of {computation!r} does not exist in {self.shown_url}", got=shard,
+                                 hint="register the computation with enough shards first")
+            due = [DueTimer(*r) for r in self._all(
+                "SELECT key, tag, domain, timestamp FROM timers WHERE computation = ? AND shard = ? AND "
+                "((domain = 'watermark' AND timestamp <= ?) OR (domain = 'wall' AND timestamp <= ?)) "
+                "ORDER BY timestamp", (computation, shard, watermark, wall_clock))]
+            wanted = list(dict.fromkeys([*keys, *(t.key for t in due)]))
+            states: dict[str, bytes] = {}
+            if wanted:
+                condition, param = self._in_list("key", wanted)
+                states = dict(self._all(
+                    f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param)))
+        return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1])
+
+    def load_partials(self, computation: str, shard: int,
+                      windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
+        """A monoid computation's delta rows of these (key, window) pairs (every pair of the shard: None)."""
+        if windows is None:
+            rows = self._all("SELECT key, window_end, value FROM partials WHERE computation = ? AND shard = ?",
+                             (computation, shard))
+        else:
+            condition, param = self._in_list("key", sorted({k for k, _ in windows}))
+            rows = self._all(f"SELECT key, window_end, value FROM partials WHERE computation = ? AND {condition}",
+                             (computation, param))
+        wanted = None if windows is None else set(windows)
+        out: dict[tuple[str, int], list[bytes]] = {}
+        for key, window, value in rows:
+            if wanted is None or (key, window) in wanted:
+                out.setdefault((key, int(window)), []).append(bytes(value))
+        return out
+
+    def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]:
+        condition, param = self._in_list("id", ids)
+        return {r[0] for r in self._all(
+            f"SELECT id FROM seen_ids WHERE computation = ? AND shard = ? AND {condition}", (computation, shard, param))}
+
+    def all_seen_ids(self, computation: str, shard: int) -> Iterable[str]:
+        return [r[0] for r in self._all("SELECT id FROM seen_ids WHERE computation = ? AND shard = ?",
+                                        (computation, shard))]
+
+    def shards_with_due_timers(self, computation: str, watermark: int, wall_clock: int) -> list[int]:
+        """The shards with a due timer: two index ranges (watermark timers up to the watermark,
+        wall timers up to the clock), however many timers are pending."""
+        return [r[0] for r in self._all(
+            "SELECT shard FROM timers WHERE computation = ? AND domain = 'watermark' AND timestamp <= ? UNION "
+            "SELECT shard FROM timers WHERE computation = ? AND domain = 'wall' AND timestamp <= ? ORDER BY 1",
+            (computation, watermark, computation, wall_clock))]
+
+    def next_wall_timer(self, computation: str, shards: list[int] | None = None) -> int | None:
+        """The earliest wall timer of the computation (of these shards, when given)."""
+        if shards is None:
+            row = self._one("SELECT MIN(timestamp) FROM timers WHERE computation = ? AND domain = 'wall'",
+                            (computation,))
+        else:
+            condition, param = self._in_list("shard", shards)
+            row = self._one(f"SELECT MIN(timestamp) FROM timers WHERE computation = ? AND domain = 'wall' AND "
+                            f"{condition}", (computation, param))
+        return None if row[0] is None else int(row[0])
+
+    def commit_shard(self, c: ShardCommit) -> None:
+        """Write one shard's batch outcome atomically, if the shard is still at ``c.base_version``
+        and ``c.sequencer`` is still the computation's writer."""
+        step = self._step
+        if not c.strong_productions and c.productions and c.journal_as is None:
+            step("weak_productions")  # weak: productions go out first, in a transaction of their own
+            with self._transaction():
+                self._check_shard_sequencer(c)
+                self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
+                self._write_productions(c, resend=True)
+        step("begin")
+        with self._transaction():
+            self._write_commit(c)
+            step("before_commit")
+        step("after_commit")
+        self._write_output_after_state([c])
+
+    def _write_output_after_state(self, commits: list[ShardCommit]) -> None:
+        """At-most-once output: productions (and an interval's journal row, which makes them
+        visible) go out once the state is committed; a crash in between loses them, and a retry
+        finds the batch committed and re-delivers what was written, nothing."""
+        after = [c for c in commits if c.productions_after_state]
+        if not after:
+            return
+        self._step("output")
+        with self._transaction():
+            for c in after:
+                self._write_productions(c)
+                self._journal_interval(c)
+        self._step("after_output")
+
+    def commit_shards(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> list[StoreError | None]:
+        """Several key intervals' outcomes in one transaction (a continuous worker's pass: one
+        write-lock wait and one commit instead of one per interval), with the pass's reports of its
+        quiet intervals (``report_quiet``'s arguments). Each outcome is written whole or, when its
+        own commit would be refused (fenced, stale), not at all while the others are written: the
+        failure is returned in its place. Productions are written in the commit whether strong or
+        weak: an interval's productions reach consumers through its journal row, which this commit
+        writes, so sending weak ones ahead could not make them visible any sooner."""
+        failures: list[StoreError | None] = [None] * len(commits)
+        self._step("begin")
+        with self._transaction():
+            # in one order, so that two workers' passes take PostgreSQL's row locks without deadlocking
+            for i in sorted(range(len(commits)), key=lambda i: (commits[i].computation, commits[i].shard)):
+                self._x("SAVEPOINT interval_commit")
+                try:
+                    self._write_commit(commits[i])
+                except (FencedWriterError, StaleBatchError) as exc:
+                    self._x("ROLLBACK TO SAVEPOINT interval_commit")
+                    failures[i] = exc
+                self._x("RELEASE SAVEPOINT interval_commit")
+            for report in quiet:
+                self.report_quiet(*report)
+            self._step("before_commit")
+        self._step("after_commit")
+        self._write_output_after_state([c for c, failure in zip(commits, failures) if failure is None])
+        return failures
+
+    def _write_commit(self, c: ShardCommit) -> None:
+        step = self._step
+        step("check_sequencer")
+        self._check_shard_sequencer(c)
+        step("state")
+        self._xmany("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
+                    [(c.computation, k, v) for k, v in c.state_writes if v is not None])
+        self._xmany("DELETE FROM state WHERE computation = ? AND key = ?",
+                    [(c.computation, k) for k, v in c.state_writes if v is None])
+        # monoid partials merge without reading: a delta row per (key, window) and batch; a
+        # batch written twice (possible only without exactly-once's version check) adds nothing
+        self._xmany("DELETE FROM partials WHERE computation = ? AND key = ? AND window_end = ? AND batch < ?",
+                    [(c.computation, k, w, c.batch) for k, w in c.partial_deletes])
+        self._xmany("INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(computation, key, window_end, batch) DO NOTHING",
+                    [(c.computation, k, w, c.batch, c.shard, v) for k, w, v in c.partial_writes])
+        step("timers")
+        self._xmany("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
+                    [(c.computation, k, t) for k, t in c.timer_deletes])
+        self._xmany("INSERT INTO timers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, tag) DO UPDATE "
+                    "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
+                    [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for t in c.timer_sets])
+        step("seen_ids")
+        if c.seen_ids:
+            self._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
+                        [(c.computation, c.shard, i, ts) for i, ts in c.seen_ids])
+        if c.forget_ids_before is not None:
+            self._x("DELETE FROM seen_ids WHERE computation = ? AND shard = ? AND timestamp < ?",
+                    (c.computation, c.shard, c.forget_ids_before))
+        step("productions")
+        if (c.strong_productions or c.journal_as is not None) and not c.productions_after_state:
+            self._write_productions(c)
+        step("counters")  # sorted: shards that commit at once take the counter rows' locks in one order
+        self._xmany("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(computation, name) "
+                    "DO UPDATE SET value = counters.value + excluded.value",
+                    [(c.computation, k, v) for k, v in sorted(c.counters.items())])
+        if c.positions:
+            self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
+                        "DO UPDATE SET batch = excluded.batch",
+                        [(c.computation, c.shard, p, b) for p, b in sorted(c.positions.items())])
+        step("version")
+        self._advance_version(c)
+        if not c.productions_after_state:
+            self._journal_interval(c)
+
+    def _journal_interval(self, c: ShardCommit) -> None:
+        if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
+            self._journal(c.journal_as, c.batch, c.input_watermark, c.output_watermark, c.routing)
+
+    def _write_productions(self, c: ShardCommit, resend: bool = False) -> None:
+        """Strong: the batch's segments, in the shard's commit. Weak (``resend``): sent ahead of the
+        commit and never taken back, so every attempt of the batch adds its own segments
+        (slot ``shard + k * WEAK_SLOT``), as MillWheel's weak productions reach consumers before the
+        checkpoint: a retried attempt sends again, and a non-deterministic one sends something else."""
+        by_stream: dict[str, list[Production]] = {}
+        for p in c.productions:
+            by_stream.setdefault(p.stream, []).append(p)
+        slot = c.shard
+        if resend and by_stream:
+            sent = self._one("SELECT COUNT(*) FROM segments WHERE producer = ? AND batch = ? AND shard % ? = ? "
+                             "AND stream = ?", (c.producer, c.batch, WEAK_SLOT, c.shard, min(by_stream)))[0]
+            slot += WEAK_SLOT * int(sent)
+        self._write_segments(c.producer, c.batch, slot, by_stream, {}, c.routing)
+
+    def _advance_version(self, c: ShardCommit) -> None:
+        g = self.GREATEST
+        if c.exactly_once:
+            cur = self._x(
+                f"UPDATE shards SET version = ?, input_watermark = ?, output_watermark = {g}(output_watermark, ?) "
+                "WHERE computation = ? AND shard = ? AND version = ?",
+                (c.batch, c.input_watermark, c.output_watermark, c.computation, c.shard, c.base_version))
+        else:
+            cur = self._x(
+                f"UPDATE shards SET version = {g}(version, ?), input_watermark = {g}(input_watermark, ?), "
+                f"output_watermark = {g}(output_watermark, ?) WHERE computation = ? AND shard = ?",
+                (c.batch, c.input_watermark, c.output_watermark, c.computation, c.shard))
+        if cur.rowcount != 1:
+            self._raise_stale(c)
+
+    def _check_base_version(self, c: ShardCommit) -> None:
+        if c.exactly_once:
+            row = self._one("SELECT version FROM shards WHERE computation = ? AND shard = ?", (c.computation, c.shard))
+            if row is None or row[0] != c.base_version:
+                self._raise_stale(c)
+
+    def _raise_stale(self, c: ShardCommit) -> None:
+        row = self._one("SELECT version FROM shards WHERE computation = ? AND shard = ?", (c.computation, c.shard))
+        raise StaleBatchError(
+            f"Shard {c.shard} of {c.computation!r} moved from version {c.base_version} to {row[0] if row else None} "
+            f"while batch {c.batch} ran",
+            got=c.batch,
+            hint="another attempt committed first; this attempt's outcome is discarded, re-read the shard",
+        )
+
+    def committed_productions(self, computation: str, shard: int, batch: int) -> list[Production]:
+        out: list[Production] = []
+        for stream, data in self._all("SELECT stream, data FROM segments WHERE producer = ? AND batch = ? AND shard = ?",
+                                      (computation, batch, shard)):
+            out.extend(Production(stream, *r) for r in segment_rows(data))
+        out.sort(key=lambda p: id_sequence(p.id))
+        return out
+
