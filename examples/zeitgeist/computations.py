@@ -78,23 +78,27 @@ class SpikeDetector(Computation):
 class DipDetector(Computation):
     """Watermark timers: a bucket is judged only once the low watermark has passed it, so buckets
     are judged in order with a complete picture. A dip is two empty-looking buckets in a row; one
-    anomaly per run of dipping buckets."""
+    anomaly per run of dipping buckets, reporting the first bucket's count and what the model
+    expected of it."""
 
     def process_record(self, ctx: Any, record: Any) -> None:
         v = record.value
-        state = ctx.state or {"pending": {}, "previous_low": False, "in_dip": False}
-        state["pending"][v["bucket"]] = v["warm"] and v["expected"] >= 6 and v["count"] <= 0.15 * v["expected"]
+        state = ctx.state or {"pending": {}, "previous": None, "in_dip": False}
+        low = v["warm"] and v["expected"] >= 6 and v["count"] <= 0.15 * v["expected"]
+        state["pending"][v["bucket"]] = {"low": low, "bucket": v["bucket"], "count": v["count"],
+                                         "expected": round(v["expected"], 1)}
         ctx.state = state
         ctx.set_timer(f"bucket-{v['bucket']}", v["bucket"] + 1000)
 
     def process_timer(self, ctx: Any, timer: Any) -> None:
         state = ctx.state
-        bucket = timer.timestamp - 1000
-        low = state["pending"].pop(bucket, False)
-        if low and state["previous_low"] and not state["in_dip"]:
+        judged = state["pending"].pop(timer.timestamp - 1000, None)
+        low = judged is not None and judged["low"]
+        previous = state["previous"]  # the bucket judged just before, if it looked empty
+        if low and previous is not None and not state["in_dip"]:
             state["in_dip"] = True
-            ctx.produce("anomalies", {"kind": "dip", "query": ctx.key, "bucket": bucket - 1000, "count": 0,
-                                      "expected": None})
+            ctx.produce("anomalies", {"kind": "dip", "query": ctx.key, "bucket": previous["bucket"],
+                                      "count": previous["count"], "expected": previous["expected"]})
         state["in_dip"] = state["in_dip"] and low
-        state["previous_low"] = low
+        state["previous"] = judged if low else None
         ctx.state = state

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -10,12 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.zeitgeist.computations import DipDetector, ModelCalculator, SpikeDetector, WindowCounter
 from examples.zeitgeist.job import build, score
 from examples.zeitgeist.traffic import Scenario, generate
 from headrace import read, run
-from headrace.model import END_OF_TIME
-from headrace.testing import Harness
+
+from ..unit.test_zeitgeist import harness_anomalies
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,22 +24,15 @@ def short_scenario() -> Scenario:
     return generate(Scenario(queries=60, rate_per_s=300, days=2, spikes=3, dips=3, seed=7, late_share=0.0))
 
 
+@functools.cache
+def short_scenario_on_the_harness() -> list[dict[str, Any]]:
+    """The short scenario's anomalies on the harness (about a minute: computed once for both modes)."""
+    events = sorted(short_scenario().events, key=lambda e: e["ts"])
+    return sorted((r.value for r in harness_anomalies(events)["anomalies"]), key=key_of)
+
+
 def key_of(anomaly: dict[str, Any]) -> tuple[str, str, int]:
     return anomaly["kind"], anomaly["query"], anomaly["bucket"]
-
-
-def harness_anomalies(scenario: Scenario) -> list[dict[str, Any]]:
-    """The same computations chained by hand on the harness, one stage after another."""
-    def stage(cls: type, records: list[Any], stream: str) -> list[Any]:
-        h = Harness(cls, shards=1)
-        for r in records:
-            h.process(r.value["query"] if hasattr(r, "value") else r["query"], r.value if hasattr(r, "value") else r,
-                      r.timestamp if hasattr(r, "timestamp") else r["ts"])
-        h.advance_watermark(END_OF_TIME)
-        return h.productions(stream)
-    counts = stage(WindowCounter, sorted(scenario.events, key=lambda e: e["ts"]), "window_counts")
-    scored = stage(ModelCalculator, counts, "scored")
-    return [r.value for r in stage(SpikeDetector, scored, "anomalies") + stage(DipDetector, scored, "anomalies")]
 
 
 def test_zeitgeist_finds_exactly_the_injected_anomalies_on_spark_and_on_the_harness(spark: Any, store_url: str, mode: str) -> None:
@@ -49,7 +42,12 @@ def test_zeitgeist_finds_exactly_the_injected_anomalies_on_spark_and_on_the_harn
     precision, recall, false_alarms = score(found, scenario.truth)
     assert (precision, recall, false_alarms) == (1.0, 1.0, [])
     assert len(found) == len(scenario.truth)  # each anomaly reported once
-    assert sorted(map(key_of, found)) == sorted(map(key_of, harness_anomalies(scenario)))
+    assert sorted(found, key=key_of) == short_scenario_on_the_harness()
+    # each anomaly reports its bucket's measured count and the model's expectation, as scored
+    scored = {(r.value["query"], r.value["bucket"]): r.value for r in read("scored", store_url)}
+    for anomaly in found:
+        bucket = scored[anomaly["query"], anomaly["bucket"]]
+        assert (anomaly["count"], anomaly["expected"]) == (bucket["count"], round(bucket["expected"], 1)), anomaly
 
 
 def test_zeitgeist_stopped_with_ctrl_c_resumes_without_losing_or_repeating_an_anomaly(tmp_path: Path) -> None:

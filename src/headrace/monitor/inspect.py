@@ -52,7 +52,7 @@ def dead_letters(store: str, computation: str) -> list[Record]:
             raise OptionError(f"Computation {computation!r} sends no dead letters", got=spec.get("on_error"),
                               hint="add it with on_error='dead_letter' to route the records its code cannot "
                                    "handle to the stream " + repr(stream))
-        out = []
+        out: list[Record] = []
         for producer in db.stream_producers(stream):
             last = db.latest_batch(producer)
             if last is not None:

@@ -83,6 +83,6 @@ def serve_metrics(port: int, snapshot: Callable[[], dict[str, Any] | None], addr
     """Serve ``/metrics`` on ``addr:port`` in a daemon thread; returns the server (``server_port``,
     ``shutdown()``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(snapshot))  # type: ignore[arg-type]
+    registry.register(StatusCollector(snapshot))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server

@@ -49,7 +49,6 @@ class Watcher:
         self.metrics_url: str | None = None
         self._server: Any = None
         self.latest: dict[str, Any] | None = None
-        self.rounds = 0
         self.failure: BaseException | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="headrace-monitor", daemon=True)
@@ -101,7 +100,6 @@ class Watcher:
         if self.check_alerts(store, status, now):
             status = status_of(store, now)
         self.latest = status
-        self.rounds += 1
         return status
 
     def check_alerts(self, store: Store, status: dict[str, Any], now: int) -> bool:

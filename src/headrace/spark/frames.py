@@ -4,7 +4,9 @@ and ``headrace.table_df``.
 A row is one committed record: ``key``, ``value``, ``timestamp`` (ms since the epoch), ``id``,
 ``producer`` and ``batch`` (the producer's journaled batch that committed it). ``value`` is the
 pickled value as it travels on the bus, or, for a stream declared with a schema
-(``Topology.stream(name, schema=...)``), a struct of the schema's typed columns. A streaming
+(``Topology.stream(name, schema=...)``), a struct of the schema's typed columns: the segment's own
+``fields`` column when its writer kept one under that schema (an injector's, §3.7), else the
+values unpickled and converted (a value that does not fit is null). A streaming
 offset is ``{producer: last journaled batch}``; a micro-batch reads the journaled batches in
 (start, end], so a batch Spark replays after a crash reads exactly the same records, which is what
 makes a sink written from it exactly-once (docs/architecture.md §3.13).
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
@@ -22,10 +24,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from ..schema import StreamSchema
 from ..store import shared_store
 from ..store.failpoints import failpoint_from_env
-from ..store.segments import decode_segment
+from ..store.segments import FIELDS, DecodedSegment, decode_segment
 from .source import LazyStore
 
-__all__ = ["StreamFrameSource", "stream_frame", "declare_schemas", "schema_key", "STREAM_READ"]
+__all__ = ["StreamFrameSource", "stream_frame", "declare_schemas", "schema_key", "typed_values", "STREAM_READ"]
+
+Offset = dict[str, int]  # {producer: last journaled batch}
 
 STREAM_READ = "stream_read"  # the failpoint step (store/failpoints.py) inside a read task of the DataFrame view
 
@@ -65,7 +69,7 @@ class StreamFrameSource(DataSource):
 class _FrameReading(LazyStore):
     """What both readers share: offsets are ``{producer: last journaled batch}``."""
 
-    def __init__(self, options: dict[str, str]):
+    def __init__(self, options: Mapping[str, str]):
         self.url, self.stream = options["store"], options["stream"]
         self.start = options.get("start", "beginning")
         self.from_batch = int(options.get("from_batch", "0"))
@@ -73,11 +77,11 @@ class _FrameReading(LazyStore):
         self.typed = StreamSchema(ddl) if ddl else None
         self.parallelism = max(1, int(options.get("parallelism", "2")))
 
-    def _heads(self) -> dict[str, int]:
+    def _heads(self) -> Offset:
         producers = self.store.stream_producers(self.stream)
         return {p: info.batch if (info := self.store.latest_batch(p)) else 0 for p in producers}
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offset:
         heads = self._heads()
         if self.start == "now":
             return heads
@@ -85,11 +89,11 @@ class _FrameReading(LazyStore):
             return {p: self.from_batch for p in heads}
         return {p: max(self.from_batch, self.store.batch_before(p, int(self.start))) for p in heads}
 
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+    def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
         previous = start or {}
         return {p: max(b, previous.get(p, 0)) for p, b in self._heads().items()}
 
-    def ranges(self, start: dict, end: dict) -> list[InputPartition]:
+    def ranges(self, start: Offset, end: Offset) -> list[InputPartition]:
         parts: list[InputPartition] = []
         for producer, last in sorted(end.items()):
             first = start.get(producer, 0)
@@ -106,9 +110,7 @@ class _FrameReading(LazyStore):
             n = table.num_rows
             if n == 0:
                 continue
-            values = table.column("value")
-            if self.typed is not None:
-                values = self.typed.values(map(pickle.loads, values.to_pylist()))
+            values = typed_values(table, self.typed) if self.typed is not None else table.column("value")
             yield from pa.table({
                 "key": table.column("key"), "value": values, "timestamp": table.column("timestamp"),
                 "id": table.column("id"), "producer": pa.array([partition.producer] * n, pa.string()),
@@ -116,6 +118,14 @@ class _FrameReading(LazyStore):
             if failpoint is not None:
                 failpoint(STREAM_READ)
 
+
+def typed_values(segment: pa.Table, schema: StreamSchema) -> pa.Array | pa.ChunkedArray:
+    """A decoded segment's values as ``schema``'s struct column: its ``fields`` column when the
+    writer kept one under this very schema (the same conversion of the same values, made once when
+    written), else the values unpickled and converted, a value that does not fit as null."""
+    if DecodedSegment(segment).fields_schema == schema.fingerprint:
+        return segment.column(FIELDS)
+    return schema.values(map(pickle.loads, segment.column("value").to_pylist()))
 
 
 class BatchFrameReader(_FrameReading, DataSourceReader):
@@ -127,10 +137,10 @@ class BatchFrameReader(_FrameReading, DataSourceReader):
 
 
 class StreamFrameReader(_FrameReading, DataSourceStreamReader):
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         return self.ranges(start, end)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: Offset) -> None:
         pass
 
 

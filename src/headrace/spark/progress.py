@@ -18,7 +18,7 @@ import json
 import shutil
 import tempfile
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
@@ -34,6 +34,7 @@ __all__ = ["StatusQuery", "METRICS", "check_progress_queries", "flush_progress",
 METRICS = ("watermark", "output_watermark", "watermark_lag_ms", "records", "late_dropped", "late_delivered",
            "dead_letters")
 _CHANGES = [m for m in METRICS if m != "watermark_lag_ms"]  # the lag moves with the clock alone
+Row = tuple[int | None, ...]  # a status row: METRICS' values
 
 
 class StatusSource(DataSource):
@@ -54,28 +55,28 @@ class StatusReader(LazyStore, SimpleDataSourceStreamReader):
     """An offset is ``{"n": rows emitted, "seen": the numbers of the last row}``: a row goes out only
     when the numbers changed, so an idle or finished computation starts no batches."""
 
-    def __init__(self, options: dict[str, str]):
+    def __init__(self, options: Mapping[str, str]):
         self.url = options["store"]
         self.computation = options["computation"]
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         return {"n": 0, "seen": ""}
 
-    def _row(self) -> tuple[tuple[int | None, ...], str]:
+    def _row(self) -> tuple[Row, str]:
         numbers = progress_of(self.store, self.computation)
         return tuple(numbers[m] for m in METRICS), json.dumps([numbers[m] for m in _CHANGES])
 
-    def read(self, start: dict) -> tuple[Iterator[tuple], dict]:
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[Row], dict[str, Any]]:
         row, seen = self._row()
         if seen == start.get("seen"):
             return iter(()), start
         return iter([row]), {"n": int(start.get("n", 0)) + 1, "seen": seen}
 
-    def readBetweenOffsets(self, start: dict, end: dict) -> Iterator[tuple]:
+    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[Row]:
         # a batch replayed after a restart: today's numbers stand in for the lost ones
         return iter([self._row()[0]])
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         pass
 
 

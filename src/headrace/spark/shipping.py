@@ -66,8 +66,8 @@ def _ship(spark: Any, paths: Sequence[str]) -> list[str]:
         else:
             raise OptionError("Spark ships only Python files, zips, eggs and package folders", got=given,
                               hint="zip the code, or name the package folder")
-    for path in shipped:  # only once every path is known good
-        spark.sparkContext.addPyFile(path)
+    for file in shipped:  # only once every path is known good
+        spark.sparkContext.addPyFile(file)
     return shipped
 
 

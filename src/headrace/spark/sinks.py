@@ -82,7 +82,9 @@ class JdbcWrite:
     """``foreachBatch`` of a JDBC sink: replace the rows of the batch's (producer, batch) pairs."""
 
     def __init__(self, spec: SinkSpec, typed: bool):
+        assert spec.jdbc is not None and spec.table is not None  # Topology.sink requires both of a JDBC sink
         self.spec, self.typed = spec, typed
+        self.jdbc, self.table = spec.jdbc, spec.table
 
     def __call__(self, df: Any, batch_id: int) -> None:
         rows = df.select("key", *(["value.*"] if self.typed else ["value"]), "timestamp", "id", "producer", "batch")
@@ -91,7 +93,7 @@ class JdbcWrite:
             pairs = [(r.producer, r.batch) for r in rows.select("producer", "batch").distinct().collect()]
             if pairs:
                 self._delete(pairs)
-                rows.write.jdbc(self.spec.jdbc, self.spec.table, mode="append",
+                rows.write.jdbc(self.jdbc, self.table, mode="append",
                                 properties={"driver": POSTGRES_DRIVER, **self.spec.properties})
         finally:
             rows.unpersist()
@@ -100,9 +102,9 @@ class JdbcWrite:
         import psycopg
         from psycopg import sql
 
-        with psycopg.connect(libpq_url(self.spec.jdbc, self.spec.properties), autocommit=True) as conn:
-            table = sql.Identifier(*self.spec.table.split("."))
-            exists = conn.execute("SELECT to_regclass(%s)", (self.spec.table,)).fetchone()
+        with psycopg.connect(libpq_url(self.jdbc, self.spec.properties), autocommit=True) as conn:
+            table = sql.Identifier(*self.table.split("."))
+            exists = conn.execute("SELECT to_regclass(%s)", (self.table,)).fetchone()
             if exists and exists[0] is not None:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE (producer, batch) IN (SELECT * FROM unnest(%s::text[], "
                                      "%s::bigint[]))").format(table), ([p for p, _ in pairs], [b for _, b in pairs]))
