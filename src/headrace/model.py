@@ -197,7 +197,7 @@ def key_by(field_or_callable: str | Callable[[Any], Any]) -> KeyExtractor:
     if callable(field_or_callable):
         name = getattr(field_or_callable, "__qualname__", repr(field_or_callable))
         return KeyExtractor(field_or_callable, f"key_by({name})")
-    from .errors import TopologyError
+    from .errors import TopologyError  # type: ignore[unreachable]  # a user's argument need not match the hints
 
     raise TopologyError(
         "key_by takes a field name or a callable",

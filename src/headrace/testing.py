@@ -23,7 +23,7 @@ import atexit
 import itertools
 import shutil
 import tempfile
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import pyarrow as pa
 
@@ -119,13 +119,13 @@ class Harness:
                             schemas=self.schemas)
         self._output_watermark = outcome.output_watermark
         self._watermark = watermark_after
-        return [Record(p.key, p.value, p.timestamp, p.id) for p in outcome.productions]
+        return [Record(cast(str, p.key), p.value, p.timestamp, p.id) for p in outcome.productions]  # a hint: may be None
 
     # -- reading back -------------------------------------------------------------------------------
 
     def productions(self, stream: str) -> list[Record]:
         """Everything produced to ``stream`` so far, in production order."""
-        return [Record(r.key, r.value, r.timestamp, r.id)
+        return [Record(cast(str, r.key), r.value, r.timestamp, r.id)  # the producer's key hint: may be None
                 for _, r in self.store.read_segments(stream, self.name, 0, self._batch)]
 
     def state(self, key: str) -> Any:

@@ -184,7 +184,7 @@ def as_extractor(owner: str, stream: str, extractor: object) -> KeyExtractor:
             hint="use key_by('field') or key_by(lambda value: ...)",
         )
     name = getattr(extractor, "__qualname__", repr(extractor))
-    return KeyExtractor(extractor, f"key_by({name})")  # type: ignore[arg-type]
+    return KeyExtractor(extractor, f"key_by({name})")
 
 
 def check_computation_class(owner: str, cls: object) -> type[Computation]:

@@ -21,7 +21,8 @@ def shards_of(keys: Sequence[str | None], shards: int, known: dict[str, int]) ->
     for key in set(keys).difference(known):
         if key is not None:
             known[key] = shard_of(key, shards)
-    return list(map(known.get, keys))
+    get = known.get
+    return [None if key is None else get(key) for key in keys]
 
 
 class InputRecord(NamedTuple):

@@ -12,6 +12,7 @@ rows. Every ``COMPACT_EVERY``-th batch of a shard also folds each window's delta
 from __future__ import annotations
 
 import operator
+from functools import partial
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
@@ -332,18 +333,19 @@ def process_monoid_shard(
                 break
             ctx.fired(timer)
             counters["timers_fired"] += 1
-            window = tag_window(timer.tag)
-            if window is None:
+            due = tag_window(timer.tag)
+            if due is None:
                 continue  # not a window's timer (a monoid computation sets no others)
             aggregate = computation.zero()
-            for raw in held.pop(window, []):
+            for raw in held.pop(due, []):
                 aggregate = folder.combine(key, aggregate, decode(raw))
-            if window in windows:
-                aggregate = folder.combine(key, aggregate, windows.pop(window))
-            deletes.append((key, window))
+            if due in windows:
+                aggregate = folder.combine(key, aggregate, windows.pop(due))
+            deletes.append((key, due))
             ctx._timestamp = timer.timestamp
-            invoke_on_timer(ctx, name, timer, lambda t=timer, a=aggregate: computation.emit(
-                ctx, Timer(t.tag, t.timestamp, t.domain), a), f"emit of window {window}", counters, dead_letters)
+            invoke_on_timer(ctx, name, timer, partial(computation.emit, ctx, Timer(timer.tag, timer.timestamp,
+                                                                                   timer.domain), aggregate),
+                            f"emit of window {due}", counters, dead_letters)
         for window, rows in held.items():  # a compacting batch: each window's rows become one
             if len(rows) + (window in windows) > 1:
                 aggregate = windows.pop(window, None)

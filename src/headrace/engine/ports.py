@@ -58,8 +58,10 @@ class SegmentColumns(Protocol):
     (``fields_schema``, the fingerprint of the schema they were written with): ``field`` reads
     one without unpickling any value."""
 
-    timestamps: list[int]
     fields_schema: str | None
+
+    @property
+    def timestamps(self) -> list[int]: ...
 
     @property
     def keys(self) -> list[str | None]: ...

@@ -110,7 +110,7 @@ def prepare_shard_batch(
         index.ensure(snapshot.version, batch.sequencer)
         is_duplicate = index.seen
     try:
-        if monoid:
+        if isinstance(computation, MonoidComputation):
             commit = process_monoid_shard(computation, name, options, outputs, batch, snapshot,
                                           _stored_partials(store, name, batch, snapshot),
                                           is_duplicate or (lambda ids: set()), schemas)

@@ -8,6 +8,7 @@ whole outcome becomes one ``ShardCommit``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import HeadraceError, UnknownStreamError, UserCodeError
@@ -57,6 +58,7 @@ class KeyContext:
         self.late_productions = 0
         self.key = ""
         self.low_watermark = 0
+        self._timestamp = 0  # the record's or timer's being processed: a production's default
 
     # -- binding ----------------------------------------------------------------------------------
 
@@ -308,7 +310,7 @@ def process_shard(
             ctx.fired(timer)
             counters["timers_fired"] += 1
             ctx._timestamp = timer.timestamp
-            invoke_on_timer(ctx, name, timer, lambda t=timer: process_timer(ctx, Timer(t.tag, t.timestamp, t.domain)),
+            invoke_on_timer(ctx, name, timer, partial(process_timer, ctx, Timer(timer.tag, timer.timestamp, timer.domain)),
                             f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}", counters, dead_letters)
         write = ctx.finish_key()
         if write is not None:

@@ -24,7 +24,7 @@ from ..names import interval
 from .batch import InputRecord, QuietReport, Routing, ShardBatch
 from .intake import Consumer, input_watermark, plan_ranges, read_keyed, records_of, select
 from .monoid import Folder
-from .ports import Head, IntervalClaim, IntervalStore
+from .ports import Fence, Head, IntervalClaim, IntervalStore
 from .routing import RoutingPlan
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
 
@@ -90,7 +90,7 @@ class Worker:
         self._shard_ids: dict[str, dict[str, int]] = {p.name: {} for p in plans}
         self._reported: dict[tuple[str, int], tuple[tuple[tuple[str, int], ...], int]] = {}
         self.fenced: list[tuple[str, int, str]] = []  # (computation, interval, error) it lost by being fenced
-        self.fences: dict[str, tuple] = {p.name: () for p in plans}
+        self.fences: dict[str, tuple[Fence, ...]] = {p.name: () for p in plans}
         self.on_fenced = on_fenced
         for plan in plans:
             if plan.routing.subscribers:
@@ -251,10 +251,10 @@ class Worker:
             keyed = read_keyed(self.store, consumer, ranges, dests, self._shard_ids[plan.name])
             before = min((f.before for f in folders.values()), default=None)
             for picked in select(consumer, keyed, shards, self.fences[plan.name], folders.get, before):
-                mine, bad = records_of(consumer, picked)
-                for shard, rs in mine.items():
+                taken, refused = records_of(consumer, picked)
+                for shard, rs in taken.items():
                     records.setdefault(shard, []).extend(rs)
-                rejected.extend(bad)
+                rejected.extend(refused)
         watermark = input_watermark(consumer, lambda p: self._mark_at(p, target[p], heads))
         due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
         ready = []

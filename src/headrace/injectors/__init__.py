@@ -98,7 +98,7 @@ class RecordsInjector(Injector):
         exact = isinstance(items, Sequence)
         suffix_min: list[int] = []
         if exact:
-            stamps = [self._ts(v) for v in items]  # type: ignore[union-attr]
+            stamps = [self._ts(v) for v in items]
             suffix_min = list(itertools.accumulate(reversed(stamps), min))[::-1] + [END_OF_TIME]
         iterator = iter(items)
         for _ in itertools.islice(iterator, position):

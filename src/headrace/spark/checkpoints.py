@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ..errors import OptionError
 from ..store import Store
@@ -62,9 +63,10 @@ def clear_unfinished_writes(checkpoint: str) -> list[str]:
     return removed
 
 
-def logged_offset(path: str) -> dict | None:
+def logged_offset(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
-            return json.loads(f.read().splitlines()[-1])  # type: ignore[no-any-return]
+            offset: dict[str, Any] = json.loads(f.read().splitlines()[-1])
+            return offset
     except (OSError, ValueError, IndexError):
         return None

@@ -172,8 +172,10 @@ class Driver:
                 if isinstance(injector, DataFrameInjector):
                     injector.check()
             self._check_computations()
-            for query in [*self.sinks, *self.progress_queries.values()]:
-                query.check()
+            for sink in self.sinks:
+                sink.check()
+            for progress in self.progress_queries.values():
+                progress.check()
         except Exception as exc:
             record_error(self.store, blamed(self.topology, exc), exc)
             raise

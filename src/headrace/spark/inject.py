@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, cast
 
 from ..engine.publish import publish_injected
 from ..engine.routing import RoutingPlan
@@ -60,8 +60,9 @@ class DataFrameInjector:
             self.finished.set()
             return
         self._high = int(saved) if saved else None
-        ts = F.col(self.ts_column)
-        kind = dict(self.df.dtypes)[self.ts_column]
+        column = cast(str, self.ts_column)  # a streaming DataFrame's injection requires one (InjectOptions)
+        ts = F.col(column)
+        kind = dict(self.df.dtypes)[column]
         stamped = self.df.withColumn(_TS, F.unix_millis(ts) if kind.startswith("timestamp") else ts.cast("long"))
         clear_unfinished_writes(self.checkpoint)
         writer = stamped.writeStream.foreachBatch(self._publish).option("checkpointLocation", self.checkpoint)

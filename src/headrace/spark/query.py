@@ -89,16 +89,19 @@ def _shard_input(consumer: Consumer, part: pa.Table) -> tuple[tuple[int, int, in
     records: list[InputRecord] = []
     rejected: list[InputRecord] = []
     partials: list[Partial] = []
+    def at(rows: list[int], column: str) -> list[Any]:
+        return [col[column][i] for i in rows]
+
     plain = [i for i, k in enumerate(kinds) if k in (RECORD, CHECKED)]
     if plain:
-        good, bad = decode_rows(consumer, *[[col[c][i] for i in plain] for c in ("stream", "key", "value", "timestamp", "id")],
-                                [kinds[i] == CHECKED for i in plain])
+        good, bad = decode_rows(consumer, at(plain, "stream"), at(plain, "key"), at(plain, "value"),
+                                at(plain, "timestamp"), at(plain, "id"), [kinds[i] == CHECKED for i in plain])
         records.extend(good)
         rejected.extend(bad)
     refused = [i for i, k in enumerate(kinds) if k == REJECTED]
     if refused:
-        rejected.extend(reject_rows(consumer, *[[col[c][i] for i in refused]
-                                                for c in ("stream", "value", "timestamp", "id", "error")]))
+        rejected.extend(reject_rows(consumer, at(refused, "stream"), at(refused, "value"), at(refused, "timestamp"),
+                                    at(refused, "id"), at(refused, "error")))
     for i, kind in enumerate(kinds):
         if kind == PARTIAL:
             partials.append(Partial(col["key"][i], col["timestamp"][i], *pickle.loads(col["value"][i])))

@@ -39,10 +39,11 @@ def encode_plan(consumer: Consumer, cls: type[Computation]) -> str:
 
 
 def _decode_plan(text: str) -> tuple[Consumer, type[Computation]]:
-    return pickle.loads(base64.b64decode(text))  # type: ignore[no-any-return]
+    consumer, cls = pickle.loads(base64.b64decode(text))
+    return consumer, cls
 
 
-def batch_watermark(store: Any, consumer: Consumer, offset: dict) -> int:
+def batch_watermark(store: Any, consumer: Consumer, offset: dict[str, Any]) -> int:
     """The consumer's input low watermark once it has read up to ``offset``."""
     heads = store.heads_at(offset.get("b", {}))
     return input_watermark(consumer, lambda p: heads[p].output_watermark if p in heads else BEGINNING_OF_TIME)
@@ -89,7 +90,7 @@ class HeadraceSource(DataSource):
         return ROW_DDL
 
     def streamReader(self, schema: Any) -> "HeadraceReader":
-        return HeadraceReader(self.options)
+        return HeadraceReader(dict(self.options))
 
 
 class HeadraceReader(LazyStore, DataSourceStreamReader):
@@ -109,7 +110,7 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
             self.consumer = self.consumer.with_parts({s: self.store.stream_producers(s) for s in self.consumer.inputs})
         return self.consumer.all_producers
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         producers = self._producers()
         if self.start == "now":
             batches = self.store.latest_batches(producers)
@@ -119,7 +120,7 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
             batches = {p: self.store.batch_before(p, int(self.start)) for p in producers}
         return {"b": {p: batches.get(p, 0) for p in producers}, "wall": 0}
 
-    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         producers = self._producers()
         heads = self.store.latest_batches(producers)
         previous = start or {"b": {}, "wall": 0}
@@ -130,7 +131,7 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
             wall = now
         return {"b": {p: max(heads.get(p, 0), previous["b"].get(p, 0)) for p in producers}, "wall": wall}
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if start == end:
             return []
         consumer = self.consumer
@@ -178,5 +179,5 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
         if any(f.slots for f in folders.values()):
             yield partial_rows(folders, self.labels)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         pass

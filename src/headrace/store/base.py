@@ -40,7 +40,11 @@ CommitStep = str
 class Store(IntervalStore, Protocol):
     """The engine's ports, plus writers, streams, resume points and reading back."""
 
-    shown_url: str  # the URL without its password, for messages
+    @property
+    def shown_url(self) -> str:
+        """The URL without its password, for messages."""
+        ...
+
     failpoint: Failpoint | None
 
     # -- writers --------------------------------------------------------------------------------

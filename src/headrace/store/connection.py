@@ -38,7 +38,7 @@ class Connection:
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:  # a cursor
         raise NotImplementedError
 
-    def _xmany(self, sql: str, rows: list[tuple]) -> None:
+    def _xmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         raise NotImplementedError
 
     def _in_transaction(self) -> bool:

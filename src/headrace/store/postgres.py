@@ -15,7 +15,7 @@ import select
 from typing import Any, Callable, Sequence
 
 from ..errors import StoreError
-from .base import Failpoint
+from .connection import Failpoint
 from .schema import NEWEST_TABLES, schema_statements
 from .sql import SQLStore
 
@@ -71,7 +71,7 @@ class PostgresStore(SQLStore):
 
         self.url, self.failpoint = url, failpoint
         if clock is not None:
-            self.clock = clock  # type: ignore[method-assign]
+            self.clock = clock
         self._listening: set[str] = set()
         self._woken = False
         self._idle = pq.TransactionStatus.IDLE
@@ -92,7 +92,7 @@ class PostgresStore(SQLStore):
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._db.execute(self._translate(sql), params)
 
-    def _xmany(self, sql: str, rows: list[tuple]) -> None:
+    def _xmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         if rows:
             with self._db.cursor() as cur:
                 cur.executemany(self._translate(sql), rows)

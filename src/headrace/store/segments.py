@@ -222,7 +222,7 @@ def segment_columns(data: bytes) -> DecodedSegment:
     return DecodedSegment(decode_segment(data))
 
 
-def segment_rows(data: bytes) -> list[tuple]:
+def segment_rows(data: bytes) -> list[tuple[Any, ...]]:
     """(key, value, timestamp, id) per record, values unpickled."""
     seg = segment_columns(data)
     return list(zip(seg.keys, seg.values, seg.timestamps, seg.ids))

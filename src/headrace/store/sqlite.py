@@ -8,7 +8,7 @@ import sqlite3
 import time
 from typing import Any, Callable, Sequence
 
-from .base import Failpoint
+from .connection import Failpoint
 from .schema import schema_statements
 from .sql import SQLStore
 
@@ -32,7 +32,7 @@ class SQLiteStore(SQLStore):
         self.url = f"sqlite:///{self.path}"
         self.failpoint = failpoint
         if clock is not None:
-            self.clock = clock  # type: ignore[method-assign]
+            self.clock = clock
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout = 60000")
@@ -45,7 +45,7 @@ class SQLiteStore(SQLStore):
     def _x(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, params)
 
-    def _xmany(self, sql: str, rows: list[tuple]) -> None:
+    def _xmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         if rows:
             self._db.executemany(sql, rows)
 
