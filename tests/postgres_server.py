@@ -54,7 +54,8 @@ class PostgresServer:
         port = _free_port()
         self._run("initdb", "-D", f"{self.folder}/data", "-U", "headrace", "-A", "trust", "-E", "UTF8", "--no-sync")
         self._run("pg_ctl", "-D", f"{self.folder}/data", "-l", f"{self.folder}/server.log", "-w", "-t", "60", "-o",
-                  f"-p {port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=300", "start")
+                  f"-p {port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+                  "-c log_line_prefix='%m [%p] %d %a '", "start")
         self.admin_url = f"postgresql://headrace@127.0.0.1:{port}/postgres"
         return self
 
@@ -78,6 +79,13 @@ class PostgresServer:
         with psycopg.connect(self.admin_url, autocommit=True) as db:
             db.execute(f"CREATE DATABASE {name}")
         return self.admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+    @property
+    def log(self) -> Path:
+        """The server's log (a database with ``log_statement = 'all'`` logs there each statement it
+        runs, prefixed with ``<time> [<backend pid>] <database> <application_name>``)."""
+        assert self.folder is not None, "a server this process did not start keeps its log elsewhere"
+        return Path(f"{self.folder}/server.log")
 
     def stop(self) -> None:
         if self.folder is None:

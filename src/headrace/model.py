@@ -5,6 +5,8 @@ Nothing here knows about Spark or the store; the engine injects a context per ke
 
 from __future__ import annotations
 
+import hashlib
+
 import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Protocol, Union
@@ -173,6 +175,17 @@ class KeyExtractor:
             return None
         str_ = str
         return keys if all(type(k) is str_ for k in keys) else None
+
+    @property
+    def fingerprint(self) -> str:
+        """What the extractor does, as a short text two processes agree on: its field, or its
+        function's name and code (a routed segment keyed with another extractor is keyed again)."""
+        if self.field is not None:
+            return f"field:{self.field}"
+        code = getattr(self._fn, "__code__", None)
+        text = (self.description if code is None else
+                f"{self.description}:{code.co_code.hex()}:{code.co_consts!r}:{code.co_names!r}")
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def __repr__(self) -> str:
         return self.description

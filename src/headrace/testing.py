@@ -23,16 +23,21 @@ import atexit
 import itertools
 import shutil
 import tempfile
-from typing import Any, Mapping, cast
+from typing import Any, Mapping, Sequence, cast
 
 import pyarrow as pa
 
 from .engine import DedupCache, InputRecord, run_batch
+from .engine.intake import Consumer, plan_ranges, read_keyed, records_of, select
+from .engine.publish import publish_injected
+from .engine.routing import RoutingPlan, Subscriber
+from .injectors import timestamper
+from .names import injector
 from .errors import InvalidKeyError, OptionError
 from .model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, Timestamp, to_millis
 from .schema import StreamSchema
 from .store import Store, open_store
-from .topology import check_computation_class, check_name
+from .topology import as_extractor, check_computation_class, check_name
 
 __all__ = ["Harness"]
 
@@ -92,6 +97,36 @@ class Harness:
         record = InputRecord(HARNESS_STREAM, key, value, ts, rid)
         return self._run([record], self._watermark)
 
+    def inject(self, stream: str, values: Sequence[Any], *, key: Any, timestamp: Any,
+               watermark: Timestamp | None = None) -> list[Record]:
+        """Publish ``values`` as the next batch of ``stream``'s injector (``timestamp``: a field name
+        or a function, as ``injectors.records`` takes it), routed for this computation by ``key``
+        (a ``key_by``), and take it as the runners do, through the one intake: a record whose key
+        cannot be extracted or whose value cannot be decoded is bad input, failed or dead-lettered
+        under ``on_error``. ``watermark`` is the injector's with this batch (default: unchanged)."""
+        check_name("stream", stream)
+        extractor = as_extractor(self.name, stream, key)
+        producer = injector(stream)
+        plan = RoutingPlan({stream: (Subscriber(self.name, extractor, self.options.shards),)})
+        self.store.register_plan(plan.id, plan.routes)
+        last = self.store.latest_batch(producer)
+        batch = last.batch + 1 if last else 1
+        stamp = timestamper(timestamp)
+        mark = self._watermark if watermark is None else to_millis(watermark, "watermark")
+        publish_injected(self.store, producer, batch, stream, [(v, stamp(v), None) for v in values], mark, None,
+                         self.schemas.get(stream), plan, batch)
+        consumer = Consumer(self.name, self.options, {stream: extractor}, {stream: (producer,)},
+                            schemas={s: c for s, c in self.schemas.items() if s == stream})
+        ranges = plan_ranges(self.store, consumer, {producer: batch - 1}, self.store.producer_heads([producer]), {})
+        taken: list[InputRecord] = []
+        rejected: list[InputRecord] = []
+        for picked in select(consumer, read_keyed(self.store, consumer, ranges, None, {}), None):
+            mine, bad = records_of(consumer, picked)
+            taken.extend(r for rs in mine.values() for r in rs)
+            rejected.extend(r for rs in bad.values() for r in rs)
+        return self._run(taken, max(self._watermark, self.store.latest_batch(producer).output_watermark),  # type: ignore[union-attr]
+                         rejected)
+
     def advance_watermark(self, timestamp: Timestamp) -> list[Record]:
         """Move the input low watermark to ``timestamp``; fires every watermark timer now due."""
         target = to_millis(timestamp, "watermark")
@@ -109,14 +144,14 @@ class Harness:
         self._wall_clock = target
         return self._run([], self._watermark)
 
-    def _run(self, records: list[InputRecord], watermark_after: int) -> list[Record]:
+    def _run(self, records: list[InputRecord], watermark_after: int, rejected: Sequence[InputRecord] = ()) -> list[Record]:
         self._batch += 1
         outcome = run_batch(self._computation, self.name, self.options, self.outputs, self.store, self.store,
                             batch=self._batch, records=records, watermark_before=self._watermark,
                             watermark_after=watermark_after, wall_clock=self._wall_clock,
                             sequencer=self.sequencer, previous_output=self._output_watermark,
                             dedup_streams=frozenset({HARNESS_STREAM}), dedup_cache=self._dedup,
-                            schemas=self.schemas)
+                            schemas=self.schemas, rejected=rejected)
         self._output_watermark = outcome.output_watermark
         self._watermark = watermark_after
         return [Record(cast(str, p.key), p.value, p.timestamp, p.id) for p in outcome.productions]  # a hint: may be None

@@ -23,6 +23,7 @@ import pytest
 
 from headrace import read
 from headrace.model import END_OF_TIME
+from headrace.names import meta
 from headrace.store import open_store
 
 from .chaos_topology import USERS, events
@@ -83,7 +84,7 @@ def continuous_workers(store_url: str, driver: int) -> list[int]:
     in a ``worker:`` meta row (forked by pyspark's daemon, they cannot be told apart by command line)."""
     store = open_store(store_url)
     try:
-        pids = {json.loads(v)["pid"] for v in store.metas("worker:").values()}
+        pids = {json.loads(v)["pid"] for v in store.metas(meta.WORKER).values()}
     finally:
         store.close()
     return sorted(pids & set(descendants(driver)))

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from headrace import Computation, Topology, injectors, key_by
-from headrace.names import interval as interval_producer
+from headrace.names import interval as interval_producer, meta
 from headrace.spark.continuous import JOB_GROUP, ContinuousRunner
 from headrace.spark.session import spark_session
 from headrace.store import open_store
@@ -46,7 +46,8 @@ def main(master: str, store_url: str) -> dict[str, Any]:
         producers = [interval_producer("CountPerKey", i) for i in range(SHARDS)]
         while True:
             runner.check()
-            rows = {k.split(":", 2)[2]: json.loads(v) for k, v in store.metas(f"worker:{runner.run_id}:").items()}
+            prefix = meta.worker(topology.name, runner.run_id)
+            rows = {k[len(prefix):]: json.loads(v) for k, v in store.metas(prefix).items()}
             owners = {o for o, _, _ in store.interval_owners("CountPerKey").values()}
             commits = sum(store.latest_batches(producers).values())
             if len(rows) >= report["slots"] and owners == set(rows) and commits >= 2 * SHARDS:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from headrace import read, run
+from headrace.monitor.events import fenced_events
 from headrace.spark.continuous import ContinuousRunner
 from headrace.store import open_store
 
@@ -52,7 +53,7 @@ def test_a_second_driver_takes_over_and_every_write_of_the_first_is_refused(spar
                 second.wait(timeout_s=300)
             finally:
                 second.stop()
-            refused = {k.split(":")[-2]: v for k, v in open_store(store).metas("fenced:").items()}
+            refused = {e["interval"]: e["message"] for e in fenced_events(open_store(store))}
             assert refused, "the zombie never tried to commit after the takeover"
             for interval, error in refused.items():  # refused by its sequencer, or by the batch the new owner made
                 shard, sequencer = interval.split("/")[1], first[int(interval.split("/")[1])][2]

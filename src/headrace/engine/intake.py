@@ -103,7 +103,7 @@ class Range(NamedTuple):
 
 
 def plan_ranges(store: IntervalStore, consumer: Consumer, positions: Mapping[str, int],
-                heads: Mapping[str, Head], plans: dict[str, dict[str, dict[str, int]] | None]) -> list[Range]:
+                heads: Mapping[str, Head], plans: dict[str, Any]) -> list[Range]:
     """What to read of each producer past ``positions`` up to its head, and where: one range when
     every batch since followed the head's routing plan (the common case), else one per run of
     batches routed alike (``batch_plans``). ``plans`` caches plans by id."""
@@ -131,21 +131,25 @@ def plan_ranges(store: IntervalStore, consumer: Consumer, positions: Mapping[str
 
 
 def _layout(store: IntervalStore, consumer: Consumer, producer: str, plan: str | None,
-            plans: dict[str, dict[str, dict[str, int]] | None]) -> int | None:
-    """How many intervals a plan routed for ``consumer`` on every stream it reads of ``producer``;
-    None when it did not route all of them alike."""
+            plans: dict[str, Any]) -> int | None:
+    """How many intervals a plan routed for ``consumer`` on every stream it reads of ``producer``,
+    keyed with the extractor the consumer has now; None when it did not route all of them so."""
     if plan is None:
         return None
     if plan not in plans:
         plans[plan] = store.plan_routes(plan)
     routes = plans[plan] or {}
-    layouts = {routes.get(s, {}).get(consumer.name) for s in consumer.streams_of(producer)}
+    layouts = set()
+    for stream in consumer.streams_of(producer):
+        shards, fingerprint = routes.get(stream, {}).get(consumer.name, (None, None))
+        layouts.add(shards if fingerprint == consumer.inputs[stream].fingerprint else None)
     return layouts.pop() if len(layouts) == 1 and None not in layouts else None
 
 
 class Keyed(NamedTuple):
     """One segment of a stream with the consumer's key of each record (None: rejected, ``errors``
-    says why) and each record's interval."""
+    says why) and each record's interval; ``dest``: the interval a routed segment went to (every
+    interval's has the records with no key), None for a stream's own segment."""
 
     stream: str
     producer: str
@@ -154,6 +158,7 @@ class Keyed(NamedTuple):
     keys: list[str | None]
     errors: list[str | None] | None
     shards: list[int | None]
+    dest: int | None = None
 
 
 def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], dests: Sequence[int] | None,
@@ -170,7 +175,7 @@ def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range]
                 continue
             keys = routed.seg.keys
             yield Keyed(routed.stream, routed.producer, routed.batch, routed.seg, keys, routed.seg.errors,
-                        shards_of(keys, n, shard_ids))
+                        shards_of(keys, n, shard_ids), routed.dest)
     for r in ranges:
         if r.layout is not None:
             continue
@@ -211,9 +216,9 @@ def select(consumer: Consumer, items: Iterable[Keyed], shards: Container[int] | 
            fences: tuple[Fence, ...] = (), folder_of: Callable[[int], Folder | None] = lambda shard: None,
            before: int | None = None) -> Iterator[Selected]:
     """Each keyed segment's rows of ``shards`` (every interval: None), less those an earlier layout
-    already took (``fences``); a monoid's foldable records go into ``folder_of(shard)`` (folded
-    from the field columns when it can: ``before`` is the earliest watermark of the folders, a
-    record behind it travels alone) and the rest travel alone."""
+    already took (``fences``); a monoid's foldable records go into ``folder_of(shard)``, folded
+    from the field columns when it can (``before``: the latest watermark of any of its folders, so
+    that a segment with no record behind it has no late record for any), and the rest travel alone."""
     for k in items:
         folding = k.stream in consumer.fold_streams and not fences
         if folding and before is not None:
@@ -223,9 +228,13 @@ def select(consumer: Consumer, items: Iterable[Keyed], shards: Container[int] | 
                 continue
         rows = _rows_by_shard(k.shards, shards)
         rejected: list[int] = []
-        if None in k.keys and (shards is None or 0 in shards):
-            rejected = [i for i, key in enumerate(k.keys)
-                        if key is None and not (fences and _taken_by_zero(fences, k.producer, k.batch))]
+        if None in k.keys:
+            missing = [i for i, key in enumerate(k.keys)
+                       if key is None and not (fences and _taken_by_zero(fences, k.producer, k.batch))]
+            if missing and consumer.options.on_error != "dead_letter":
+                _refuse(consumer, k, missing[0])  # every reader stops at it, not only interval 0
+            if (shards is None or 0 in shards) and k.dest in (None, 0):
+                rejected = missing
         schema = consumer.schemas.get(k.stream)
         for shard in list(rows):
             mine = rows[shard]
@@ -243,6 +252,12 @@ def select(consumer: Consumer, items: Iterable[Keyed], shards: Container[int] | 
                 del rows[shard]
         if rows or rejected:
             yield Selected(k, rows, rejected)
+
+
+def _refuse(consumer: Consumer, k: Keyed, row: int) -> None:
+    """Raise the ``BadInputError`` of a record with no key (``on_error="fail"``)."""
+    reject_rows(consumer, [k.stream], [k.seg.raw_values[row]], [k.seg.timestamps[row]], [k.seg.ids[row]],
+                [(k.errors or [None] * len(k.keys))[row]])
 
 
 def _fold_fields(consumer: Consumer, k: Keyed, shards: Container[int] | None,
@@ -291,25 +306,32 @@ def is_checked(seg: SegmentColumns, schema: ValueCheck | None) -> bool:
     return schema is not None and seg.fields_schema == schema.fingerprint
 
 
-def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[InputRecord]], list[InputRecord]]:
-    """The selected rows as records (values decoded once), by interval, and the rejected ones as
-    dead letters bound for interval 0 (or, under ``on_error="fail"``, the ``BadInputError``)."""
+def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[InputRecord]], dict[int, list[InputRecord]]]:
+    """The selected rows as records (values decoded once), and the ones rejected as dead letters
+    (or, under ``on_error="fail"``, the ``BadInputError``), by interval: a record with no key is
+    interval 0's to reject, one whose value cannot be decoded its own interval's."""
     k = picked.keyed
     mine = [i for rs in picked.rows.values() for i in rs]
     values, undecodable = _values_at(k.seg, mine)
     make = CheckedRecord if is_checked(k.seg, consumer.schemas.get(k.stream)) else InputRecord
     stamps, ids = k.seg.timestamps, k.seg.ids
+    errors = k.errors or [None] * len(k.keys)
     by_shard: dict[int, list[InputRecord]] = {}
-    for shard, rows in picked.rows.items():
+    rejected: dict[int, list[InputRecord]] = {}
+    for shard in sorted(set(picked.rows) | ({0} if picked.rejected else set())):
+        rows = picked.rows.get(shard, [])
+        bad = sorted(set(picked.rejected) | {i for i in rows if i in undecodable}) if shard == 0 else \
+            [i for i in rows if i in undecodable]
         good = [make(k.stream, k.keys[i], values[i], stamps[i], ids[i]) for i in rows  # type: ignore[arg-type]
                 if i not in undecodable]
         if good:
-            by_shard[shard] = good
-    bad = sorted(set(picked.rejected) | set(undecodable))
-    raw = k.seg.raw_values if bad else []
-    errors = k.errors or [None] * len(k.keys)
-    return by_shard, reject_rows(consumer, [k.stream] * len(bad), [raw[i] for i in bad], [stamps[i] for i in bad],
-                                 [ids[i] for i in bad], [errors[i] for i in bad])
+            by_shard.setdefault(shard, []).extend(good)
+        if bad:
+            raw = k.seg.raw_values
+            rejected.setdefault(shard, []).extend(reject_rows(
+                consumer, [k.stream] * len(bad), [raw[i] for i in bad], [stamps[i] for i in bad],
+                [ids[i] for i in bad], [errors[i] for i in bad]))
+    return by_shard, rejected
 
 
 def reject_rows(consumer: Consumer, streams: Sequence[str], raws: Sequence[bytes], stamps: Sequence[int],

@@ -61,29 +61,33 @@ class RoutingPlan:
     subscribers: Mapping[str, tuple[Subscriber, ...]] = field(default_factory=dict)
 
     @property
-    def routes(self) -> dict[str, dict[str, int]]:
-        """``{stream: {consumer: intervals}}``: what a consumer needs to know of the plan."""
-        return {s: {sub.consumer: sub.shards for sub in subs} for s, subs in sorted(self.subscribers.items()) if subs}
+    def routes(self) -> dict[str, dict[str, list[Any]]]:
+        """``{stream: {consumer: [intervals, extractor fingerprint]}}``: what a consumer needs to
+        know of the plan to read what it routed (under its own layout, with its own extractor)."""
+        return {s: {sub.consumer: [sub.shards, sub.extractor.fingerprint] for sub in subs}
+                for s, subs in sorted(self.subscribers.items()) if subs}
 
     @property
     def id(self) -> str:
-        """A name for the plan, the same in every process: its routes and each extractor's description."""
-        text = json.dumps(sorted([s, sub.consumer, sub.shards, sub.extractor.description]
-                                 for s, subs in self.subscribers.items() for sub in subs))
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
+        """A name for the plan, the same in every process: its routes."""
+        return hashlib.sha1(json.dumps(self.routes, sort_keys=True).encode()).hexdigest()[:16]
 
     def routes_for(self, stream: str) -> bool:
         return bool(self.subscribers.get(stream))
 
     def route(self, stream: str, values: Sequence[Any]) -> list[Routed]:
-        """The routed segments of ``values``, records of ``stream`` in this order."""
+        """The routed segments of ``values``, records of ``stream`` in this order. A record with no
+        key goes to every interval: interval 0 dead-letters it, and under ``on_error="fail"`` each
+        interval stops at it, so that none goes past a batch whose keys a fixed extractor may change."""
         out: list[Routed] = []
         for sub in self.subscribers.get(stream, ()):
             keys, errors = keys_of(sub.extractor, values)
             dests = shards_of(keys, sub.shards, {})
             rows_by_dest: dict[int, list[int]] = {}
+            everywhere = range(sub.shards)
             for i, dest in enumerate(dests):
-                rows_by_dest.setdefault(0 if dest is None else dest, []).append(i)
+                for d in (everywhere if dest is None else (dest,)):
+                    rows_by_dest.setdefault(d, []).append(i)
             for dest, rows in sorted(rows_by_dest.items()):
                 out.append(Routed(stream, sub.consumer, dest, rows, [keys[i] for i in rows],
                                   None if errors is None else [errors[i] for i in rows]))

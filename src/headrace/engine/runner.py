@@ -198,18 +198,22 @@ def run_batch(computation: Computation, name: str, options: ComputationOptions, 
               store: ShardStore, journal: Journal, *, batch: int, records: list[InputRecord],
               watermark_before: int, watermark_after: int, wall_clock: int, sequencer: int,
               previous_output: int, dedup_streams: frozenset[str],
-              dedup_cache: DedupCache | None = None, schemas: Mapping[str, ValueCheck] | None = None) -> BatchOutcome:
-    """A whole batch in this process: every shard with input or a due timer, then ``finish_batch``."""
+              dedup_cache: DedupCache | None = None, schemas: Mapping[str, ValueCheck] | None = None,
+              rejected: Sequence[InputRecord] = ()) -> BatchOutcome:
+    """A whole batch in this process: every shard with input or a due timer, then ``finish_batch``;
+    ``rejected`` input (``engine/intake.py``) is shard 0's to dead-letter."""
     per_shard: dict[int, list[InputRecord]] = {}
     for r in records:
         per_shard.setdefault(shard_of(r.key, options.shards), []).append(r)
     shards = set(per_shard) | set(store.shards_with_due_timers(name, watermark_after, wall_clock))
+    if rejected:
+        shards.add(0)
     productions: list[Production] = []
     counters: dict[str, int] = {}
     for shard in sorted(shards):
         result = run_shard_batch(computation, name, options, outputs, store, ShardBatch(
             name, shard, batch, per_shard.get(shard, []), watermark_before, watermark_after, wall_clock,
-            sequencer, dedup_streams), dedup_cache, schemas)
+            sequencer, dedup_streams, list(rejected) if shard == 0 else []), dedup_cache, schemas)
         productions.extend(result.productions)
         for k, v in result.counters.items():
             counters[k] = counters.get(k, 0) + v

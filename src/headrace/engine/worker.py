@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, MonoidComputation
 from ..names import interval
 from .batch import InputRecord, QuietReport, Routing, ShardBatch
+from .groups import Group, Groups, OwnedInterval
 from .intake import Consumer, input_watermark, plan_ranges, read_keyed, records_of, select
 from .monoid import Folder
 from .ports import Fence, Head, IntervalClaim, IntervalStore
@@ -54,20 +55,6 @@ class IntervalPlan:
         return self.consumer.options
 
 
-@dataclass
-class OwnedInterval:
-    """Soft state of an interval this worker owns; valid for as long as its lease."""
-
-    shard: int
-    claim: IntervalClaim
-    positions: dict[str, int] = field(default_factory=dict)
-    since: int | None = None  # its first batch committed here: every later one follows this worker's plan
-
-    @property
-    def version(self) -> int:
-        return self.claim.version
-
-
 class Worker:
     """One worker: ``run(should_stop)`` until told to stop; ``step()`` is one pass over its intervals."""
 
@@ -77,7 +64,7 @@ class Worker:
         self.store, self.plans, self.owner = store, plans, owner
         self.slot, self.slots = slot, slots
         self.lease_ms, self.idle_s, self.clock, self.discover_ms = lease_ms, idle_ms / 1000, clock, discover_ms
-        self.owned: dict[str, dict[int, OwnedInterval]] = {p.name: {} for p in plans}
+        self.groups: dict[str, Groups] = {p.name: Groups() for p in plans}
         self.code = {p.name: p.cls() for p in plans}
         self.consumers = {p.name: p.consumer for p in plans}
         self.dedup = DedupCache()
@@ -86,9 +73,9 @@ class Worker:
         self._wall_due: int | None = None  # its intervals' next wall timer (None: look it up)
         self._discovered = 0
         self._marks: dict[tuple[str, int], int] = {}
-        self._plans: dict[str, dict[str, dict[str, int]] | None] = {}
+        self._plans: dict[str, Any] = {}  # routing plans read, by id
         self._shard_ids: dict[str, dict[str, int]] = {p.name: {} for p in plans}
-        self._reported: dict[tuple[str, int], tuple[tuple[tuple[str, int], ...], int]] = {}
+        self._reported: dict[tuple[str, int], tuple[dict[str, int], int]] = {}
         self.fenced: list[tuple[str, int, str]] = []  # (computation, interval, error) it lost by being fenced
         self.fences: dict[str, tuple[Fence, ...]] = {p.name: () for p in plans}
         self.on_fenced = on_fenced
@@ -101,34 +88,43 @@ class Worker:
     def _prefers(self, computation: str, shard: int) -> bool:
         return (zlib.crc32(computation.encode()) + shard) % self.slots == self.slot
 
-    def maintain_leases(self) -> None:
+    @property
+    def owned(self) -> dict[str, dict[int, OwnedInterval]]:
+        """The intervals it owns, by computation and interval."""
+        return {name: groups.owned for name, groups in self.groups.items()}
+
+    def maintain_leases(self) -> bool:
         """Renew what it owns in one statement (dropping what it lost), then take its free intervals
         and any whose owner let its lease lapse (a dead or paused worker): one statement to find
-        them, and a claim only when there are some."""
+        them, and a claim only when there are some. True if it took any (they need a pass: to
+        read what they have not, and report where they stand under their new sequencer)."""
         now = self.clock()
         until = now + self.lease_ms
         held = self.store.renew_leases(self.owner, until)
         for plan in self.plans:
-            owned = self.owned[plan.name]
-            for shard in [s for s, o in owned.items() if held.get((plan.name, s)) != o.claim.sequencer]:
-                del owned[shard]
+            groups = self.groups[plan.name]
+            for shard in [s for s, o in groups.owned.items() if held.get((plan.name, s)) != o.claim.sequencer]:
+                groups.discard(shard)
         patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
         free = self.store.claimable([p.name for p in self.plans], self.owner, now)
+        took = False
         for plan in self.plans:
-            owned = self.owned[plan.name]
+            groups = self.groups[plan.name]
             wanted = [s for s in free.get(plan.name, ())
-                      if s not in owned and s < plan.options.shards and (patient or self._prefers(plan.name, s))]
+                      if s not in groups.owned and s < plan.options.shards and (patient or self._prefers(plan.name, s))]
             if not wanted:
                 continue
             claims = self.store.claim_intervals(plan.name, wanted, self.owner, now, until)
             self._check_layout(plan, claims)
+            producers = self.consumers[plan.name].all_producers
             for shard, claim in claims.items():
                 self.fences[plan.name] = claim.fences
-                positions = {p: claim.positions.get(p, 0) for p in self.consumers[plan.name].all_producers}
-                owned[shard] = OwnedInterval(shard, claim, positions)
+                groups.add(OwnedInterval(shard, claim), {p: claim.positions.get(p, 0) for p in producers})
             if claims:
                 self._wall_due = None  # their wall timers: look again
+                took = True
         self._leases_checked = now
+        return took
 
     def _check_layout(self, plan: IntervalPlan, claims: dict[int, IntervalClaim]) -> None:
         stale = next((c.shards for c in claims.values() if c.shards != plan.options.shards), None)
@@ -142,10 +138,10 @@ class Worker:
 
     def release_all(self) -> None:
         for plan in self.plans:
-            owned = self.owned[plan.name]
-            if owned:
-                self.store.release_intervals(plan.name, {s: o.claim.sequencer for s, o in owned.items()})
-            self.owned[plan.name].clear()
+            groups = self.groups[plan.name]
+            if groups.owned:
+                self.store.release_intervals(plan.name, {s: o.claim.sequencer for s, o in groups.owned.items()})
+            self.groups[plan.name] = Groups()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -153,18 +149,20 @@ class Worker:
         """Passes while there is work; between them, sleep until a producer it reads commits, its
         leases need renewing, or one of its wall timers falls due."""
         renew_every = self.lease_ms // 3
+        self.store.wait_for_commits(self.channels(), 0)  # told of commits from now on
         woken = True
         try:
             while not should_stop():
                 now = self.clock()
-                if now - self._leases_checked >= renew_every:
-                    self.maintain_leases()
+                if now - self._leases_checked >= renew_every and self.maintain_leases():
+                    woken = True
                 if woken or (self._wall_due is not None and self._wall_due <= now):
                     if self.step():
                         continue
                 if self._wall_due is None:  # idle from here: when does a wall timer need a pass
-                    marks = [self.store.next_wall_timer(p.name, sorted(self.owned[p.name])) for p in self.plans
-                             if self.owned[p.name]]
+                    marks = [self.store.next_wall_timer(p.name, None if len(self.groups[p.name]) == p.options.shards
+                                                        else sorted(self.groups[p.name].owned))
+                             for p in self.plans if len(self.groups[p.name])]
                     self._wall_due = min((m for m in marks if m is not None), default=END_OF_TIME)
                     if self._wall_due <= self.clock():
                         woken = True
@@ -195,107 +193,113 @@ class Worker:
 
     def step(self) -> bool:
         """One pass: every owned interval with records of its own or a due timer runs one batch;
-        the batches and the quiet intervals' report commit together. True if any batch ran."""
+        the batches and the report of the quiet ones commit together. True if any batch ran."""
         self._discover()
         heads = self.store.producer_heads(self.channels())
         wall = self.clock()
-        ready: list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]] = []
-        quiet: list[tuple[str, int, dict[str, int], int]] = []
+        ready: list[tuple[IntervalPlan, Group, OwnedInterval, ShardBatch, PreparedBatch]] = []
+        moved: list[tuple[IntervalPlan, Group, dict[str, int], int]] = []
         for plan in self.plans:
-            owned = self.owned[plan.name]
-            if not owned:
-                continue
-            groups: dict[tuple[tuple[str, int], ...], list[OwnedInterval]] = {}
-            for interval_ in owned.values():
-                groups.setdefault(tuple(sorted(interval_.positions.items())), []).append(interval_)
-            for positions, intervals in groups.items():
-                ready.extend(self._prepare(plan, dict(positions), intervals, heads, wall, quiet))
-        reports = self._reports(quiet)
+            for group in self.groups[plan.name]:
+                target, watermark, batches = self._prepare(plan, group, heads, wall)
+                ready.extend(batches)
+                moved.append((plan, group, target, watermark))
+        reports = self._reports(moved)
         if not ready:
             for report in reports:
                 self.store.report_quiet(*report)
+            self._moved(moved)
             return False
         outcomes = commit_together(self.store, [prepared for *_, prepared in ready], reports)
         self._wall_due = None  # its commits may have set or fired wall timers
-        for (plan, owned_interval, batch, _), outcome in zip(ready, outcomes):
+        for (plan, group, owned, batch, _), outcome in zip(ready, outcomes):
             if isinstance(outcome, StoreError):
-                self._lose(plan, owned_interval, outcome)
+                self._lose(plan, owned, outcome)
             else:
-                self._advanced(owned_interval, batch)
+                owned.claim = owned.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
+                owned.since = owned.since or batch.batch
+                group.top = max(group.top, batch.watermark_after)
+        self._moved(moved)
         return True
 
-    def _reports(self, quiet: list[tuple[str, int, dict[str, int], int]]) -> list[QuietReport]:
-        """One report per computation and sequencer whose quiet intervals moved since the last one."""
+    def _moved(self, moved: list[tuple[IntervalPlan, Group, dict[str, int], int]]) -> None:
+        for plan, group, target, watermark in moved:
+            if group.shards:
+                self.groups[plan.name].moved(group, target, watermark)
+
+    def _reports(self, moved: list[tuple[IntervalPlan, Group, dict[str, int], int]]) -> list[QuietReport]:
+        """One report per computation and sequencer whose quiet intervals moved since the last one:
+        every interval held under it that committed nothing since is at these positions."""
         out = []
-        for computation, sequencer, positions, watermark in quiet:
-            key, state = (computation, sequencer), (tuple(sorted(positions.items())), watermark)
-            if self._reported.get(key) != state:
-                self._reported[key] = state
-                out.append(QuietReport(computation, sequencer, positions, watermark, watermark))
+        for plan, group, target, watermark in moved:
+            for sequencer in sorted(group.sequencers):
+                key, state = (plan.name, sequencer), (target, watermark)
+                if self._reported.get(key) != state:
+                    self._reported[key] = state
+                    out.append(QuietReport(plan.name, sequencer, target, watermark, watermark))
         return out
 
-    def _prepare(self, plan: IntervalPlan, positions: dict[str, int], intervals: list[OwnedInterval],
-                 heads: Mapping[str, Head], wall: int, quiet: list[tuple[str, int, dict[str, int], int]],
-                 ) -> list[tuple[IntervalPlan, OwnedInterval, ShardBatch, PreparedBatch]]:
+    def _prepare(self, plan: IntervalPlan, group: Group, heads: Mapping[str, Head], wall: int,
+                 ) -> tuple[dict[str, int], int, list[tuple[IntervalPlan, Group, OwnedInterval, ShardBatch, PreparedBatch]]]:
+        """A group's pass: its new input read once (its intervals' routed segments), and a batch
+        for each interval that has records of its own or a due timer; the rest stay quiet."""
         consumer = self.consumers[plan.name]
+        positions = group.positions
         target = {p: max(heads[p].batch if p in heads else 0, positions.get(p, 0)) for p in consumer.all_producers}
         code = self.code[plan.name]
-        shards = {i.shard for i in intervals}
-        folders = ({i.shard: Folder(code, plan.name, i.claim.input_watermark) for i in intervals}
-                   if isinstance(code, MonoidComputation) else {})  # a monoid's records are folded as they are read
+        owned = self.groups[plan.name].owned
+        folders: dict[int, Folder] = {}
+
+        def folder_of(shard: int) -> Folder | None:  # a monoid's records are folded as they are read
+            if not isinstance(code, MonoidComputation):
+                return None
+            if shard not in folders:
+                folders[shard] = Folder(code, plan.name, group.before(owned[shard]))
+            return folders[shard]
+
         records: dict[int, list[InputRecord]] = {}
-        rejected: list[InputRecord] = []
+        rejected: dict[int, list[InputRecord]] = {}
         ranges = plan_ranges(self.store, consumer, positions, heads, self._plans)
         if ranges:
-            dests = sorted(shards) if len(shards) < consumer.shards else None
+            dests = group.dests if len(group.shards) < consumer.shards else None
             keyed = read_keyed(self.store, consumer, ranges, dests, self._shard_ids[plan.name])
-            before = min((f.before for f in folders.values()), default=None)
-            for picked in select(consumer, keyed, shards, self.fences[plan.name], folders.get, before):
+            top = group.top if isinstance(code, MonoidComputation) else None
+            for picked in select(consumer, keyed, group.shards, self.fences[plan.name], folder_of, top):
                 taken, refused = records_of(consumer, picked)
                 for shard, rs in taken.items():
                     records.setdefault(shard, []).extend(rs)
-                rejected.extend(refused)
+                for shard, rs in refused.items():
+                    rejected.setdefault(shard, []).extend(rs)
         watermark = input_watermark(consumer, lambda p: self._mark_at(p, target[p], heads))
-        due = set(self.store.shards_with_due_timers(plan.name, watermark, wall))
+        due = self.store.shards_with_due_timers(plan.name, watermark, wall)
+        active = sorted({*records, *rejected, *folders, *(s for s in due if s in group.shards)})
         ready = []
-        for owned in intervals:
-            before = owned.claim.input_watermark
-            after = max(before, watermark)
-            mine = records.get(owned.shard, [])
-            folder = folders.get(owned.shard)
-            partials = folder.partials() if folder is not None else []
-            bad = rejected if owned.shard == 0 else []
-            if not (partials or mine or bad or owned.shard in due):
-                owned.claim = owned.claim._replace(input_watermark=after)
-                owned.positions = dict(target)
-                quiet.append((plan.name, owned.claim.sequencer, dict(target), watermark))
-                continue
-            batch = ShardBatch(plan.name, owned.shard, owned.version + 1, mine, before, after, wall,
-                               owned.claim.sequencer, consumer.dedup_streams, bad, positions=dict(target),
-                               journal_as=interval(plan.name, owned.shard), partials=partials)
-            routing = (Routing(plan.routing.id, owned.since or batch.batch, [])
+        for shard in active:
+            interval_ = owned[shard]
+            before = group.before(interval_)
+            folder = folders.get(shard)
+            batch = ShardBatch(plan.name, shard, interval_.version + 1, records.get(shard, []), before,
+                               max(before, watermark), wall, interval_.claim.sequencer, consumer.dedup_streams,
+                               rejected.get(shard, []), positions=dict(target), journal_as=interval(plan.name, shard),
+                               partials=folder.partials() if folder is not None else [])
+            routing = (Routing(plan.routing.id, interval_.since or batch.batch, [])
                        if plan.routing.subscribers else None)
             try:
                 prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
                                                self.dedup, consumer.schemas, plan.routing, routing)
                 if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
-                    raise StaleBatchError(f"Interval {owned.shard} of {plan.name!r} already has batch "
+                    raise StaleBatchError(f"Interval {shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,
                                           hint="this worker drops the interval and goes on")
             except (FencedWriterError, StaleBatchError) as exc:
-                self._lose(plan, owned, exc)
+                self._lose(plan, interval_, exc)
                 continue
-            ready.append((plan, owned, batch, prepared))
-        return ready
-
-    def _advanced(self, owned: OwnedInterval, batch: ShardBatch) -> None:
-        owned.claim = owned.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
-        owned.positions = dict(batch.positions or {})
-        owned.since = owned.since or batch.batch
+            ready.append((plan, group, interval_, batch, prepared))
+        return target, watermark, ready
 
     def _lose(self, plan: IntervalPlan, owned: OwnedInterval, exc: Exception) -> None:
         """Another worker owns the interval now: its writes win, this one drops it."""
-        self.owned[plan.name].pop(owned.shard, None)
+        self.groups[plan.name].discard(owned.shard)
         self.fenced.append((plan.name, owned.shard, type(exc).__name__))
         if self.on_fenced is not None:
             self.on_fenced(plan.name, owned.shard, exc)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, to_millis
 
-__all__ = ["records", "generator", "files", "several", "backfill", "InjectedBatch", "Injector", "Several", "Backfill"]
+__all__ = ["timestamper", "records", "generator", "files", "several", "backfill", "InjectedBatch", "Injector", "Several", "Backfill"]
 
 
 @dataclass
@@ -64,6 +64,13 @@ def _timestamp_of(timestamp: str | Callable[[Any], Any] | None, clock: Callable[
         return lambda value: _sane(to_millis(timestamp(value), "injected timestamp"), value)
     raise OptionError("An injector's timestamp must be a field name, a function or None", got=timestamp,
                       hint="e.g. timestamp='ts' or timestamp=lambda v: v['time']")
+
+
+def timestamper(timestamp: str | Callable[[Any], Any] | None,
+                clock: Callable[[], int] = wall_clock_ms) -> Callable[[Any], int]:
+    """How an injector stamps a value: ``timestamp`` is a field name, a function of the value, or
+    None (the ``clock``), and a stamp outside 1970 to 9999 is refused (``records`` uses this)."""
+    return _timestamp_of(timestamp, clock)
 
 
 class Injector:

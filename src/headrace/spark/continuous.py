@@ -46,7 +46,7 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str,
 
         context = TaskContext.get()
         owner = f"{socket.gethostname()}:{os.getpid()}:task{index}.{context.attemptNumber() if context else 0}"
-        store = open_store(url)
+        store = open_store(url, name="headrace-worker")
         store.put_meta(meta.worker(topology, run_id, owner), json.dumps({
             "slot": index, "pid": os.getpid(), "host": socket.gethostname(),
             "stage": context.stageId() if context else None, "partition": context.partitionId() if context else None,
@@ -117,7 +117,7 @@ class ContinuousRunner(Driver):
 
     def _run_authority(self) -> None:
         """The watermark authority: journals every computation's low watermarks several times a second."""
-        store = open_store(self.url)
+        store = open_store(self.url, name="headrace-authority")
         try:
             while not self._stopping.wait(self.authority_every_ms / 1000):
                 try:

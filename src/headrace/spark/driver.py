@@ -78,7 +78,7 @@ class Driver:
         self.py_files = list(py_files)
         self.metrics_port = check_metrics_port(metrics_port)
         self.with_progress = check_progress_queries(progress_queries)
-        self.store = open_store(store)  # validates the URL before Spark starts
+        self.store = open_store(store, name="headrace-driver")  # validates the URL before Spark starts
         self.url = self.store.url
         self.master, self.spark, self.ui = master, spark, ui
         self.progress, self.progress_every_s = progress, progress_every_s

@@ -30,10 +30,12 @@ def shared_store(url: str) -> Store:
     return store
 
 
-def open_store(url: str, *, clock: Callable[[], int] | None = None) -> Store:
+def open_store(url: str, *, clock: Callable[[], int] | None = None, name: str | None = None) -> Store:
     """Open the store a URL names: ``sqlite:///relative.db``, ``sqlite:////absolute/path.db``,
     ``postgresql://user:password@host:5432/database``. ``clock`` (ms since the epoch) stamps what
-    the store records the time of (journal rows, segments): tests inject one."""
+    the store records the time of (journal rows, segments): tests inject one. ``name`` says who
+    opens it (``headrace-worker``, ...) where the server shows its connections (PostgreSQL's
+    ``application_name``)."""
     if not isinstance(url, str):
         raise OptionError("A store is named by a URL string", got=url,
                           hint=f"pass store={DEFAULT_STORE_URL!r}")
@@ -53,6 +55,6 @@ def open_store(url: str, *, clock: Callable[[], int] | None = None) -> Store:
         if not parsed.path.strip("/"):
             raise OptionError("A PostgreSQL store URL needs a database name", got=url,
                               hint="write postgresql://user@host:5432/database")
-        return PostgresStore(url, failpoint=failpoint_from_env(), clock=clock)
+        return PostgresStore(url, failpoint=failpoint_from_env(), clock=clock, name=name)
     raise OptionError("Unknown store URL scheme", got=url,
                       hint="use sqlite:///path/file.db or postgresql://user@host:5432/database")

@@ -119,13 +119,14 @@ class BusQueries(Connection):
         return int(row[0] or 0)
 
     # -- routing plans ------------------------------------------------------------------------------
-    def register_plan(self, plan: str, routes: Mapping[str, Mapping[str, int]]) -> None:
+    def register_plan(self, plan: str, routes: Mapping[str, Mapping[str, Any]]) -> None:
         """Record a routing plan (``RoutingPlan.routes`` under ``RoutingPlan.id``) before a batch names it."""
         self._x("INSERT INTO plans VALUES (?, ?) ON CONFLICT(id) DO NOTHING", (plan, json.dumps(routes)))
 
-    def plan_routes(self, plan: str) -> dict[str, dict[str, int]] | None:
+    def plan_routes(self, plan: str) -> dict[str, dict[str, list[Any]]] | None:
+        """A plan's ``{stream: {consumer: [intervals, extractor fingerprint]}}``."""
         row = self._one("SELECT routes FROM plans WHERE id = ?", (plan,))
-        return None if row is None else {s: {c: int(n) for c, n in cs.items()} for s, cs in json.loads(row[0]).items()}
+        return None if row is None else dict(json.loads(row[0]))
 
     # -- streams and segments -----------------------------------------------------------------------
     def declare_stream(self, stream: str, *producers: str) -> None:

@@ -65,7 +65,8 @@ class PostgresStore(SQLStore):
     FOR_UPDATE = " FOR UPDATE"
     GREATEST = "GREATEST"
 
-    def __init__(self, url: str, *, failpoint: Failpoint | None = None, clock: Callable[[], int] | None = None):
+    def __init__(self, url: str, *, failpoint: Failpoint | None = None, clock: Callable[[], int] | None = None,
+                 name: str | None = None):
         import psycopg
         from psycopg import pq
 
@@ -77,7 +78,11 @@ class PostgresStore(SQLStore):
         self._idle = pq.TransactionStatus.IDLE
         self._sql: dict[str, str] = {}
         try:
-            self._db = psycopg.connect(url, autocommit=True, connect_timeout=30)
+            # ``name``: who this connection is, as pg_stat_activity and the server's log show it
+            # (a URL's own application_name wins)
+            conninfo = url if not name or "application_name" in url else psycopg.conninfo.make_conninfo(
+                url, application_name=name)
+            self._db = psycopg.connect(conninfo, autocommit=True, connect_timeout=30)
         except psycopg.OperationalError as e:
             raise StoreError(f"Cannot connect to the PostgreSQL store: {' '.join(str(e).split())}", got=_redacted(url),
                              hint="start the server and check host, port, user and database in the URL") from None
@@ -128,9 +133,12 @@ class PostgresStore(SQLStore):
         """Sleep until a producer of one of ``channels`` (producer names) commits, a ``meta`` row
         changes, or ``timeout_s`` passes: no statement is sent while it sleeps. True if woken."""
         wanted = {channel(c) for c in channels} | {META_CHANNEL}
-        for name in sorted(wanted - self._listening):
+        new = sorted(wanted - self._listening)
+        for name in new:
             self._db.execute(f'LISTEN "{name}"')
             self._listening.add(name)
+        if new:  # a commit before the LISTEN notified nobody: the caller looks once, from now on it is told
+            return True
         if not self._woken:  # else a notification arrived while other statements ran
             pgconn = self._db.pgconn
             if select.select([pgconn.socket], [], [], max(0.0, timeout_s))[0]:
