@@ -51,13 +51,13 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
 
         check_port(dashboard_port)  # before Spark starts
     if mode == "continuous":
-        _refuse_ignored(topology, checkpoint_dir, trigger_ms, retention_ms, progress_queries)
+        _refuse_ignored(topology, checkpoint_dir, trigger_ms, progress_queries)
         from .spark.continuous import ContinuousRunner
 
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
                                        metrics_port=metrics_port, ui=ui, py_files=py_files,
                                        progress_queries=progress_queries, checkpoint_dir=checkpoint_dir,
-                                       trigger_ms=trigger_ms or 200).start()
+                                       trigger_ms=trigger_ms or 200, retention_ms=retention_ms).start()
     else:
         from .spark.runner import MicroBatchRunner
 
@@ -81,7 +81,7 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
 
 
 def _refuse_ignored(topology: Topology, checkpoint_dir: str | None, trigger_ms: int | None,
-                    retention_ms: int | None, progress_queries: bool) -> None:
+                    progress_queries: bool) -> None:
     """Continuous mode runs no Spark query of its own: ``checkpoint_dir`` and ``trigger_ms`` apply
     only to the Spark queries a topology brings (sinks, streaming-DataFrame injectors, progress
     queries), and weak productions would change nothing (an interval's productions become visible
@@ -93,9 +93,6 @@ def _refuse_ignored(topology: Topology, checkpoint_dir: str | None, trigger_ms: 
             raise OptionError(f"{option} applies to the Spark queries of a run, and this continuous run has none",
                               got=value, hint="drop it: continuous mode's workers run no query (sinks, "
                                               "streaming-DataFrame injectors and progress queries do)")
-    if retention_ms is not None:
-        raise OptionError("retention_ms applies to mode='microbatch' only", got=retention_ms,
-                          hint="drop it, or run with mode='microbatch'")
     weak = [s.name for s in topology.computations.values()
             if s.options.productions == "weak" and s.options.state_semantics == "exactly_once"]
     if weak:
@@ -121,6 +118,8 @@ def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
         heads = [(p, db.latest_batch(p)) for p in db.stream_producers(stream)]
         ranges = [(p, from_batch if since_ms is None else max(from_batch, db.batch_before(p, since_ms)), last.batch)
                   for p, last in heads if last is not None]
+        for producer, after, _ in ranges:
+            db.check_replay(stream, producer, after)  # refused when retention forgot part of what was asked
     except BaseException:
         db.close()
         raise

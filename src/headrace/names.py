@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = [
-    "MODES", "MICROBATCH", "CONTINUOUS", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream",
+    "MODES", "MICROBATCH", "CONTINUOUS", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
     "id_prefix", "id_sequence", "meta",
 ]
 
@@ -58,6 +58,11 @@ def parse_producer(name: str) -> Producer:
     if slash and shard.isdigit():
         return Producer("interval", computation, shard)
     return Producer("computation", name)
+
+
+def sink_reader(sink: str) -> str:
+    """The name a sink reads the bus as (where retention finds how far it has written)."""
+    return f"sink:{sink}"
 
 
 def dead_letter_stream(owner: str) -> str:
@@ -112,6 +117,11 @@ class meta:
     @staticmethod
     def fences(computation: str) -> str:
         return f"fences:{computation}"
+
+    @staticmethod
+    def trimmed(stream: str) -> str:
+        """What retention forgot of a stream: its window and, per producer, the batches gone."""
+        return f"trimmed:{stream}"
 
     @staticmethod
     def stop(topology: str, run: str) -> str:

@@ -168,6 +168,14 @@ def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> Sin
                     properties=dict(options.get("properties") or {}))
 
 
+def check_retention(what: str, value: object) -> int:
+    """A replay window: a whole number of ms, at least 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionError(f"{what}: retention_ms must be a whole number of milliseconds >= 0", got=value,
+                          hint="e.g. retention_ms=3_600_000 keeps an hour of read segments for replay")
+    return value
+
+
 def as_extractor(owner: str, stream: str, extractor: object) -> KeyExtractor:
     if isinstance(extractor, KeyExtractor):
         return extractor
@@ -237,6 +245,7 @@ class Topology:
         self.injections: dict[str, Injection] = {}
         self.computations: dict[str, ComputationSpec] = {}
         self.schemas: dict[str, StreamSchema] = {}
+        self.retention: dict[str, int] = {}  # a stream's replay window in ms, over the run's
         self.sinks: dict[str, SinkSpec] = {}
 
     # -- building -------------------------------------------------------------------------------
@@ -314,17 +323,25 @@ class Topology:
         self.computations[label] = spec
         return spec
 
-    def stream(self, name: str, *, schema: Any) -> StreamSchema:
-        """Declare the schema of stream ``name`` (injected, or an output of a computation already
-        added): a Spark DDL string (``"user STRING, n BIGINT"``) or a ``pyarrow.Schema``. Every
-        value produced to it must then be a dict that fits; its DataFrame view has typed columns."""
+    def stream(self, name: str, *, schema: Any = None, retention_ms: int | None = None) -> StreamSchema | None:
+        """Declare what stream ``name`` (injected, or an output of a computation already added) is:
+        its ``schema``, a Spark DDL string (``"user STRING, n BIGINT"``) or a ``pyarrow.Schema``
+        (every value produced to it must then be a dict that fits; its DataFrame view has typed
+        columns), and how long its read segments are kept for replay, ``retention_ms`` (over the
+        run's ``retention_ms``). Returns its schema."""
         check_name("stream", name)
         if name not in self.streams():
-            raise TopologyError(f"Topology {self.name!r} cannot type stream {name!r}: nothing produces it",
+            raise TopologyError(f"Topology {self.name!r} cannot declare stream {name!r}: nothing produces it",
                                 got=name, hint=f"inject it or add its producer first; known streams are "
                                                f"{sorted(self.streams())}")
-        self.schemas[name] = StreamSchema(schema)
-        return self.schemas[name]
+        if schema is None and retention_ms is None:
+            raise OptionError(f"Stream {name!r}: stream() declares a schema= or a retention_ms=", got=None,
+                              hint="e.g. topology.stream('events', schema='user STRING, n BIGINT')")
+        if retention_ms is not None:
+            self.retention[name] = check_retention(f"Stream {name!r}", retention_ms)
+        if schema is not None:
+            self.schemas[name] = StreamSchema(schema)
+        return self.schemas.get(name)
 
     def sink(self, stream: str, *, name: str | None = None, **options: Any) -> SinkSpec:
         """Write ``stream``'s committed records out as the topology runs, exactly once per

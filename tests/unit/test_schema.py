@@ -70,7 +70,7 @@ def test_a_topology_types_only_a_stream_it_has() -> None:
     t = Topology("typed")
     t.inject("words", [{"w": "a"}])
     with pytest.raises(TopologyError, match=exact(
-            "Topology 'typed' cannot type stream 'out': nothing produces it (got 'out'). Hint: inject it or add its "
+            "Topology 'typed' cannot declare stream 'out': nothing produces it (got 'out'). Hint: inject it or add its "
             "producer first; known streams are ['words']")):
         t.stream("out", schema="w STRING")
     t.add(Echo, inputs={"words": key_by("w")}, outputs=["out"])

@@ -180,6 +180,7 @@ def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range]
         if r.layout is not None:
             continue
         for stream in consumer.streams_of(r.producer):
+            store.check_replay(stream, r.producer, r.after)  # not routed for it: the stream's own, all kept?
             for batch, seg in _segments(store, consumer.name, stream, r.producer, r.after, r.upto):
                 keys, errors = _key_segment(consumer.inputs[stream], seg)
                 yield Keyed(stream, r.producer, batch, seg, keys, errors, shards_of(keys, n, shard_ids))

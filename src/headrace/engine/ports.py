@@ -157,6 +157,11 @@ class Bus(Protocol):
     def read_routes(self, consumer: str, ranges: Sequence[tuple[str, int, int]],
                     dests: Sequence[int] | None = None) -> Iterator[RoutedSegment]: ...
 
+    def check_replay(self, stream: str, producer: str, after: int) -> None:
+        """Refuse to read ``producer``'s batches of ``stream`` after ``after`` when retention
+        forgot some of them (an error that names the window)."""
+        ...
+
     def segment_blobs(self, stream: str, producer: str, after_batch: int,
                       upto_batch: int) -> list[tuple[int, int, bytes]]: ...
 

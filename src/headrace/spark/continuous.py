@@ -86,10 +86,10 @@ class ContinuousRunner(Driver):
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
                  workers: int | None = None, authority_every_ms: int = 100, metrics_port: int | None = None,
                  ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False,
-                 checkpoint_dir: str | None = None, trigger_ms: int = 200):
+                 checkpoint_dir: str | None = None, trigger_ms: int = 200, retention_ms: int | None = None):
         super().__init__(topology, store, master, spark=spark, progress=progress, progress_every_s=progress_every_s,
                          metrics_port=metrics_port, ui=ui, py_files=py_files, progress_queries=progress_queries,
-                         checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms)
+                         checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms, retention_ms=retention_ms)
         self.lease_ms, self.workers, self.authority_every_ms = lease_ms, workers, authority_every_ms
         self.run_id = uuid.uuid4().hex[:12]
         self.resubmissions = 0

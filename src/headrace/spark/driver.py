@@ -23,10 +23,12 @@ from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
 from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
-from ..names import MODES, meta
-from ..plans import producers_of, routing_plan
+from ..names import MODES, meta, parse_producer, sink_reader
+from ..plans import consumer_of, producers_of, routing_plan
 from ..store import Store, open_store
-from ..topology import Topology
+from ..store.monitoring import WHOLE_COMPUTATION
+from ..store.retention import Trimmed
+from ..topology import Topology, check_retention
 from .frames import declare_schemas
 from .inject import DataFrameInjector
 from .injectors import InjectorThread, start_injectors
@@ -73,7 +75,8 @@ class Driver:
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, metrics_port: int | None = None,
                  ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False,
-                 checkpoint_dir: str | None = None, trigger_ms: int = 200):
+                 checkpoint_dir: str | None = None, trigger_ms: int = 200, retention_ms: int | None = None,
+                 trim_every_s: float = 10.0):
         self.topology = topology
         self.py_files = list(py_files)
         self.metrics_port = check_metrics_port(metrics_port)
@@ -83,6 +86,8 @@ class Driver:
         self.master, self.spark, self.ui = master, spark, ui
         self.progress, self.progress_every_s = progress, progress_every_s
         self.trigger_ms = trigger_ms
+        self.retention_ms = None if retention_ms is None else check_retention("run()", retention_ms)
+        self.trim_every_s, self._trimmed_at = trim_every_s, 0.0
         self.driver_id = uuid.uuid4().hex[:12]
         claim_mode(self.store, topology, self.mode)
         self.checkpoint_root = checkpoint_root(self.store, topology.name, checkpoint_dir)
@@ -181,7 +186,32 @@ class Driver:
             raise
 
     def _tick(self) -> None:
-        """Housekeeping while ``wait`` waits (retention)."""
+        """Housekeeping while ``wait`` waits: retention, every ``trim_every_s``."""
+        if time.time() - self._trimmed_at >= self.trim_every_s:
+            self._trimmed_at = time.time()
+            self.trim()
+
+    def trim(self) -> Trimmed:
+        """Forget what every reader of the bus has read (routed segments), and what is also older
+        than its stream's replay window (the run's ``retention_ms``, or ``Topology.stream``'s)."""
+        readers: dict[str, dict[str, list[str]]] = {}
+        for name in self.topology.computations:
+            if name not in self.removed:
+                consumer = consumer_of(self.topology, name, self.mode)
+                readers[name] = {s: [*ps, *self._declared_parts(s, ps)] for s, ps in consumer.producers.items()}
+        for sink in self.sinks:
+            written = sink.written()
+            if written is not None:
+                self.store.record_positions(sink_reader(sink.spec.name), WHOLE_COMPUTATION, written)
+                stream = sink.spec.stream
+                readers[sink_reader(sink.spec.name)] = {stream: [*self.producers(stream), *self._declared_parts(stream, [])]}
+        windows = {s: self.topology.retention.get(s, self.retention_ms) for s in self.topology.streams()}
+        return self.store.trim(readers, windows, self.store.now())
+
+    def _declared_parts(self, stream: str, known: Sequence[str]) -> list[str]:
+        """The injector parts of ``stream`` declared while running (a Kafka partition added)."""
+        return [p for p in self.store.stream_producers(stream) if p not in known
+                and (parsed := parse_producer(p)).kind == "injector" and parsed.name == stream]
 
     def _finish(self) -> None:
         """Once drained: what the mode does before the final progress events (its last reports)."""

@@ -10,7 +10,7 @@ from typing import Any, Sequence, TextIO
 from ..model import END_OF_TIME
 from ..names import MICROBATCH
 from ..plans import consumer_of
-from ..store import DEFAULT_STORE_URL, open_store
+from ..store import DEFAULT_STORE_URL
 from ..topology import Topology
 from .driver import Driver, RunResult, check_start
 from .progress import start_progress
@@ -31,10 +31,8 @@ class MicroBatchRunner(Driver):
                  progress_queries: bool = False):
         super().__init__(topology, store, master, spark=spark, progress=progress, progress_every_s=progress_every_s,
                          metrics_port=metrics_port, ui=ui, py_files=py_files, progress_queries=progress_queries,
-                         checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms)
-        self.retention_ms = retention_ms
+                         checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms, retention_ms=retention_ms)
         self.queries: dict[str, ComputationQuery] = {}
-        self._last_trim = 0.0
 
     def _start_computations(self) -> None:
         for name in self.topology.computations:
@@ -93,23 +91,9 @@ class MicroBatchRunner(Driver):
         for query in self.queries.values():
             query.check()
 
-    def _tick(self) -> None:
-        self.enforce_retention()
-
     def _finish(self) -> None:
         for query in self.queries.values():
             query.await_last_progress()
-
-    def enforce_retention(self, every_s: float = 10.0) -> int:
-        """Delete segments older than ``retention_ms`` (at most once every ``every_s``)."""
-        if self.retention_ms is None or time.time() - self._last_trim < every_s:
-            return 0
-        self._last_trim = time.time()
-        store = open_store(self.url)
-        try:
-            return store.trim_segments(int(time.time() * 1000) - self.retention_ms)
-        finally:
-            store.close()
 
     def _stop_computations(self) -> None:
         for query in self.queries.values():

@@ -10,6 +10,7 @@ the (producer, batch) pairs it is about to write, so a batch written again repla
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -66,6 +67,16 @@ class SinkQuery:
     def flush(self) -> None:
         """Write everything journaled so far (the runner calls it once the topology has drained)."""
         self.query.processAllAvailable()
+
+    def written(self) -> dict[str, int] | None:
+        """Per producer, the last batch of the stream the sink has written (its last completed
+        Spark batch's end offset), or None before its first: what retention may forget of it."""
+        progress = self.query.lastProgress if self.query is not None else None
+        if not progress or not progress.get("sources"):
+            return None
+        end = progress["sources"][0].get("endOffset")
+        offsets = json.loads(end) if isinstance(end, str) else end
+        return {str(p): int(b) for p, b in offsets.items()} if isinstance(offsets, dict) else None
 
     def check(self) -> None:
         if self.query is not None and self.query.exception() is not None:

@@ -7,11 +7,12 @@ journal) plus what runners and tools need around them. Implementations: ``SQLite
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from ..engine.ports import BatchInfo, IntervalStore, StoredRecord
 from .connection import Failpoint
 from .monitoring import Event, Sample, ShardRow
+from .retention import Trimmed
 
 __all__ = ["Store", "CommitStep", "COMMIT_STEPS", "BatchInfo", "StoredRecord", "DEFAULT_STORE_URL"]
 
@@ -74,6 +75,12 @@ class Store(IntervalStore, Protocol):
     def start_interval_at(self, computation: str, shard: int, positions: dict[str, int]) -> None: ...
     def low_watermarks(self, computation: str) -> tuple[int, int]: ...
     def interval_positions(self, computation: str) -> dict[int, dict[str, int]]: ...
+
+    # -- retention (store/retention.py) --------------------------------------------------------------
+    def trim(self, readers: Mapping[str, Mapping[str, Sequence[str]]], windows: Mapping[str, int | None],
+             now: int) -> Trimmed: ...
+    def read_through(self, consumer: str) -> dict[str, int]: ...
+    def check_replay(self, stream: str, producer: str, after: int) -> None: ...
 
     # -- reading back -------------------------------------------------------------------------------
     def state(self, computation: str, key: str) -> bytes | None: ...

@@ -25,6 +25,14 @@ __all__ = ["IntervalQueries"]
 class IntervalQueries(Rescaling, BusQueries):
     """Claims, leases, quiet intervals and the watermarks consumers and the authority read."""
 
+    def computation_modes(self, computations: list[str]) -> dict[str, str]:
+        """The mode each of these registered computations runs in (absent: not registered)."""
+        if not computations:
+            return {}
+        condition, param = self._in_list("name", sorted(set(computations)))
+        return {str(n): str(m) for n, m in self._all(f"SELECT name, mode FROM computations WHERE {condition}",
+                                                     (param,))}
+
     def claim_intervals(self, computation: str, shards: list[int], owner: str, now: int,
                         lease_until: int) -> dict[int, IntervalClaim]:
         """Take those of ``shards`` that nobody else holds a live lease on, under one new

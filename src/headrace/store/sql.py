@@ -12,12 +12,13 @@ from ..errors import StoreError
 from ..model import BEGINNING_OF_TIME
 from ..names import MICROBATCH
 from .monitoring import MonitorQueries
+from .retention import RetentionQueries
 from .shards import WEAK_SLOT, ShardQueries
 
 __all__ = ["SQLStore"]
 
 
-class SQLStore(ShardQueries, MonitorQueries):
+class SQLStore(ShardQueries, MonitorQueries, RetentionQueries):
     """Everything but the dialect. Subclasses set the class attributes and implement the hooks."""
 
     # -- writers --------------------------------------------------------------------------------
@@ -38,14 +39,6 @@ class SQLStore(ShardQueries, MonitorQueries):
             self._xmany("INSERT INTO shards(computation, shard, version, input_watermark, output_watermark) "
                         "VALUES (?, ?, 0, ?, ?) ON CONFLICT(computation, shard) DO NOTHING",
                         [(computation, s, BEGINNING_OF_TIME, BEGINNING_OF_TIME) for s in range(shards)])
-
-    def computation_modes(self, computations: list[str]) -> dict[str, str]:
-        """The mode each of these registered computations runs in (absent: not registered)."""
-        if not computations:
-            return {}
-        condition, param = self._in_list("name", sorted(set(computations)))
-        return {str(n): str(m) for n, m in self._all(f"SELECT name, mode FROM computations WHERE {condition}",
-                                                     (param,))}
 
     def acquire_writer(self, computation: str) -> int:
         """Become the one writer of ``computation`` and of all its shards: every older writer's

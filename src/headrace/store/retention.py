@@ -1,0 +1,112 @@
+"""Retention (docs/architecture.md §3.7, "Retention"): what the bus may forget, and only that.
+
+- A routed segment is one consumer interval's delivery queue: it goes once that interval has read
+  past it (its commits' positions, or its quiet report's).
+- A stream's own segment is the replayable bus: it goes once every consumer of the stream (each
+  computation, each sink) has read past it *and* it is older than the stream's replay window
+  (``retention_ms``); a stream without a window keeps its segments.
+- A producer's journal rows go with its segments, past every consumer and the window, except its
+  last one (consumers and the authority read a producer's head).
+- The quiet reports of sequencers no interval holds any more go.
+
+What was trimmed is remembered (``meta.trimmed(stream)``), so that a replay from before the window
+is refused with an error that names it rather than reading less than was asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, NamedTuple, Sequence
+
+from ..errors import OptionError
+from ..names import CONTINUOUS, meta
+from .intervals import IntervalQueries
+from .monitoring import WHOLE_COMPUTATION
+
+__all__ = ["RetentionQueries", "Trimmed"]
+
+
+class Trimmed(NamedTuple):
+    routes: int
+    segments: int
+    batches: int
+    reports: int
+
+
+class RetentionQueries(IntervalQueries):
+    """The trim (run by the driver of either mode) and the checks of a replay against it."""
+
+    def read_through(self, consumer: str) -> dict[str, int]:
+        """Per producer, the last batch every interval of ``consumer`` has read (a micro-batch
+        computation's, the positions its driver records after each batch; a sink's likewise)."""
+        mode = self.computation_modes([consumer]).get(consumer)
+        if mode == CONTINUOUS:
+            per_interval = self.interval_positions(consumer)
+            shards = int(self._one("SELECT shards FROM computations WHERE name = ?", (consumer,))[0])
+            producers = {p for positions in per_interval.values() for p in positions}
+            return {p: min(per_interval.get(i, {}).get(p, 0) for i in range(shards)) for p in producers}
+        return {str(p): int(b) for p, b in self._all(
+            "SELECT producer, batch FROM positions WHERE computation = ? AND shard = ?", (consumer, WHOLE_COMPUTATION))}
+
+    def trim(self, readers: Mapping[str, Mapping[str, Sequence[str]]], windows: Mapping[str, int | None],
+             now: int) -> Trimmed:
+        """Forget what every reader has read: ``readers`` is, per consumer (a computation or
+        ``sink:<name>``), the producers of each stream it reads; ``windows`` each stream's replay
+        window in ms (None: keep its segments)."""
+        through = {c: self.read_through(c) for c in readers}
+        routes = 0
+        for consumer, streams in readers.items():
+            for producer in sorted({p for ps in streams.values() for p in ps}):
+                read = through[consumer].get(producer, 0)
+                if read > 0:
+                    routes += int(self._x("DELETE FROM routes WHERE consumer = ? AND producer = ? AND batch <= ?",
+                                          (consumer, producer, read)).rowcount)
+        segments = batches = 0
+        for stream, window in windows.items():
+            if window is None:
+                continue
+            readers_of = [c for c, streams in readers.items() if stream in streams]
+            producers = sorted({p for c in readers_of for p in readers[c][stream]})
+            trimmed = self._trimmed(stream)
+            for producer in producers:
+                upto = min((through[c].get(producer, 0) for c in readers_of if producer in readers[c][stream]),
+                           default=0)
+                if upto <= 0:
+                    continue
+                with self._transaction():
+                    gone = self._one("SELECT MAX(batch) FROM segments WHERE stream = ? AND producer = ? AND batch <= ? "
+                                     "AND created_at < ?", (stream, producer, upto, now - window))[0]
+                    if gone is None:
+                        continue
+                    segments += int(self._x("DELETE FROM segments WHERE stream = ? AND producer = ? AND batch <= ?",
+                                            (stream, producer, gone)).rowcount)
+                    # a reader needs the row of the batch it stands at (its watermark): keep it
+                    batches += int(self._x("DELETE FROM batches WHERE producer = ? AND batch <= ? AND batch < ? AND "
+                                           "batch < (SELECT MAX(batch) FROM batches WHERE producer = ?)",
+                                           (producer, gone, upto, producer)).rowcount)
+                    trimmed[producer] = max(trimmed.get(producer, 0), int(gone))
+                    self._put_meta(meta.trimmed(stream), json.dumps({"window_ms": window, "through": trimmed}))
+        reports = int(self._x("DELETE FROM interval_groups WHERE NOT EXISTS (SELECT 1 FROM shards s WHERE "
+                              "s.computation = interval_groups.computation AND s.sequencer = interval_groups.sequencer)"
+                              ).rowcount)
+        return Trimmed(routes, segments, batches, reports)
+
+    def _trimmed(self, stream: str) -> dict[str, int]:
+        text = self._get_meta(meta.trimmed(stream))
+        return {str(p): int(b) for p, b in json.loads(text)["through"].items()} if text else {}
+
+    def check_replay(self, stream: str, producer: str, after: int) -> None:
+        """Refuse to read ``producer``'s batches of ``stream`` after ``after`` when retention has
+        forgotten some of them: the error names the window."""
+        text = self._get_meta(meta.trimmed(stream))
+        if text is None:
+            return
+        kept = json.loads(text)
+        gone = int(kept["through"].get(producer, 0))
+        if after < gone:
+            raise OptionError(
+                f"Stream {stream!r} of {self.shown_url} keeps {producer!r} from its batch {gone + 1} on: retention "
+                f"(a replay window of {kept['window_ms']} ms) forgot its batches 1..{gone}",
+                got_text=f"a read from its batch {after + 1}",
+                hint="read from a later batch or time (start='now', or a time within the window), or run with a "
+                     "longer retention_ms to keep more")
