@@ -65,6 +65,7 @@ def with_wm(streams: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 class TumblingSum(TumblingWindow):
+    out = "out"
     size_ms = 1_000
     allowed_lateness_ms = 3_000
     late_stream = "too_late"
@@ -75,10 +76,11 @@ class TumblingSum(TumblingWindow):
         return record.value["n"]
 
     def emit(self, ctx: Any, window: Any, total: int) -> None:
-        ctx.produce("out", {"k": ctx.key, "start": window.start, "end": window.end, "v": total})
+        ctx.produce(self.out, {"k": ctx.key, "start": window.start, "end": window.end, "v": total})
 
 
 class SlidingCount(SlidingWindow):
+    out = "out"
     size_ms, slide_ms = 2_000, 500  # no lateness, no late stream: the engine drops late records
 
     def zero(self) -> int:
@@ -91,10 +93,11 @@ class SlidingCount(SlidingWindow):
         return a + b
 
     def emit(self, ctx: Any, window: Any, count: int) -> None:
-        ctx.produce("out", {"k": ctx.key, "start": window.start, "end": window.end, "v": count})
+        ctx.produce(self.out, {"k": ctx.key, "start": window.start, "end": window.end, "v": count})
 
 
 class SessionMax(SessionWindow):
+    out = "out"
     gap_ms = 300
     allowed_lateness_ms = 5_000  # late records within it reopen (and may merge) closed sessions
 
@@ -108,41 +111,45 @@ class SessionMax(SessionWindow):
         return max(a, b)
 
     def emit(self, ctx: Any, window: Any, best: int) -> None:
-        ctx.produce("out", {"k": ctx.key, "start": window.start, "end": window.end, "v": best})
+        ctx.produce(self.out, {"k": ctx.key, "start": window.start, "end": window.end, "v": best})
 
 
 class PairsWithin(IntervalJoin):
+    out = "out"
     left, right = "left", "right"
     lower_ms, upper_ms = -200, 400
 
     def join(self, ctx: Any, left: Any, right: Any) -> None:
-        ctx.produce("out", {"k": ctx.key, "l": left.value["n"], "r": right.value["n"],
+        ctx.produce(self.out, {"k": ctx.key, "l": left.value["n"], "r": right.value["n"],
                             "lts": left.timestamp, "rts": right.timestamp})
 
 
 class WindowPairs(WindowJoin):
+    out = "out"
     left, right, size_ms = "left", "right", 1_000
 
     def join_window(self, ctx: Any, window: Any, lefts: list[Any], rights: list[Any]) -> None:
         if lefts and rights:
-            ctx.produce("out", {"k": ctx.key, "start": window.start, "nl": len(lefts), "nr": len(rights),
+            ctx.produce(self.out, {"k": ctx.key, "start": window.start, "nl": len(lefts), "nr": len(rights),
                                 "sl": sum(r.value["n"] for r in lefts), "sr": sum(r.value["n"] for r in rights)})
 
 
 class AsOf(LookupJoin):
+    out = "out"
     table, stream = "left", "right"
     ttl_ms = 2_500
 
     def join(self, ctx: Any, record: Any, row: Any) -> None:
-        ctx.produce("out", {"k": ctx.key, "ts": record.timestamp, "n": record.value["n"],
+        ctx.produce(self.out, {"k": ctx.key, "ts": record.timestamp, "n": record.value["n"],
                             "row": None if row is None else row["n"]})
 
 
 class Dedup(Deduplicate):
+    out = "out"
     within_ms = 250
 
     def emit(self, ctx: Any, record: Any) -> None:
-        ctx.produce("out", {"k": ctx.key, "ts": record.timestamp, "n": record.value["n"]})
+        ctx.produce(self.out, {"k": ctx.key, "ts": record.timestamp, "n": record.value["n"]})
 
 
 # -- cases: the operator, its input streams, its oracle and how to read its output --------------
@@ -164,8 +171,16 @@ class Case:
     def inputs(self) -> dict[str, Any]:
         return {s: key_by("k") for s in self.streams}
 
+    def named(self, prefix: str) -> tuple[type, dict[str, Any], list[str]]:
+        """The case's operator with every stream it names prefixed (so that several cases share a
+        topology): the class, its inputs and its outputs."""
+        renamed = {a: f"{prefix}{getattr(self.cls, a)}" for a in ("left", "right", "table", "stream", "late_stream", "out")
+                   if isinstance(getattr(self.cls, a, None), str)}
+        cls = type(f"{self.cls.__name__}_{prefix.strip('_')}", (self.cls,), renamed)
+        return cls, {f"{prefix}{s}": key_by("k") for s in self.streams}, [f"{prefix}{o}" for o in self.outputs]
+
     def data(self, seed: int) -> dict[str, list[dict[str, Any]]]:
-        return {s: records(s, seed, self.spacing + 13 * i) for i, s in enumerate(self.streams)}
+        return {s: records(s, seed, self.spacing) for s in self.streams}  # one spacing: every stream ends phase 1 at T_LATE
 
 
 def last_per(rows: list[Any], key: Callable[[dict[str, Any]], Any]) -> dict[Any, dict[str, Any]]:
