@@ -79,9 +79,8 @@ class TumblingSum(TumblingWindow):
         ctx.produce(self.out, {"k": ctx.key, "start": window.start, "end": window.end, "v": total})
 
 
-class SlidingCount(SlidingWindow):
-    out = "out"
-    size_ms, slide_ms = 2_000, 500  # no lateness, no late stream: the engine drops late records
+class Counting:
+    """A count as a window's fold."""
 
     def zero(self) -> int:
         return 0
@@ -91,6 +90,11 @@ class SlidingCount(SlidingWindow):
 
     def combine(self, a: int, b: int) -> int:
         return a + b
+
+
+class SlidingCount(Counting, SlidingWindow):
+    out = "out"
+    size_ms, slide_ms = 2_000, 500  # no lateness, no late stream: the engine drops late records
 
     def emit(self, ctx: Any, window: Any, count: int) -> None:
         ctx.produce(self.out, {"k": ctx.key, "start": window.start, "end": window.end, "v": count})

@@ -67,6 +67,21 @@ class Operator(Computation):
                               got=value, hint=f"set it in the class: {attribute} = {example!r}")
         return value
 
+    @classmethod
+    def two_streams(cls, name: str, first: str, second: str, examples: tuple[str, str], hint: str) -> None:
+        """Class attributes ``first`` and ``second`` name two different input streams."""
+        a = cls.stream_setting(name, first, examples[0])
+        b = cls.stream_setting(name, second, examples[1])
+        if a == b:
+            what = "joins two different streams" if first == "left" else "looks a stream up in another one"
+            raise OptionError(f"{cls.kind} {name!r} {what}",
+                              got=(a, b), hint=hint)
+
+    @classmethod
+    def require_hook(cls, name: str, hook: str, base: type, hint: str) -> None:
+        if getattr(cls, hook) is getattr(base, hook):
+            raise OptionError(f"{cls.kind} {name!r} does not define {hook}", got=cls, hint=hint)
+
     def side_of(self, ctx: Context, record: Record, sides: dict[str, str]) -> str:
         """Which of the operator's inputs the record came from, by its stream."""
         side = sides.get(record.stream)

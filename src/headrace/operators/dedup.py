@@ -44,12 +44,9 @@ class Deduplicate(Operator):
 
     @classmethod
     def check(cls, name: str) -> None:
-        from ..errors import OptionError
-
         cls.setting(name, "within_ms", lowest=0, example="60_000")
-        if cls.emit is Deduplicate.emit:
-            raise OptionError(f"{cls.kind} {name!r} does not define emit", got=cls,
-                              hint="define emit(self, ctx, record): it runs for each record that is not a duplicate")
+        cls.require_hook(name, "emit", Deduplicate, "define emit(self, ctx, record): it runs for each record that is "
+                                                    "not a duplicate")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         state = ctx.state or {"waiting": [], "last": None}

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import OptionError
 from ..model import Context, Record, Timer
 from .base import Operator, Window, held, record_of
 
 __all__ = ["IntervalJoin", "WindowJoin"]
+
+SELF_JOIN = "to join a stream with itself, key a copy of it into a stream of its own"
 
 
 class IntervalJoin(Operator):
@@ -56,13 +59,7 @@ class IntervalJoin(Operator):
 
     @classmethod
     def check(cls, name: str) -> None:
-        from ..errors import OptionError
-
-        left = cls.stream_setting(name, "left", "views")
-        right = cls.stream_setting(name, "right", "clicks")
-        if left == right:
-            raise OptionError(f"{cls.kind} {name!r} joins two different streams", got=(left, right),
-                              hint="to join a stream with itself, key a copy of it into a stream of its own")
+        cls.two_streams(name, "left", "right", ("views", "clicks"), SELF_JOIN)
         for bound in ("lower_ms", "upper_ms"):
             value = getattr(cls, bound)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -71,9 +68,7 @@ class IntervalJoin(Operator):
         if cls.upper is IntervalJoin.upper and cls.upper_ms < cls.lower_ms:
             raise OptionError(f"{cls.kind} {name!r} has upper_ms below lower_ms: nothing could match",
                               got=(cls.lower_ms, cls.upper_ms), hint="lower_ms <= upper_ms")
-        if cls.join is IntervalJoin.join:
-            raise OptionError(f"{cls.kind} {name!r} does not define join", got=cls,
-                              hint="define join(self, ctx, left, right): it runs once per matching pair")
+        cls.require_hook(name, "join", IntervalJoin, "define join(self, ctx, left, right): it runs once per matching pair")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         side = self.side_of(ctx, record, {self.left: "l", self.right: "r"})
@@ -138,18 +133,10 @@ class WindowJoin(Operator):
 
     @classmethod
     def check(cls, name: str) -> None:
-        from ..errors import OptionError
-
-        left = cls.stream_setting(name, "left", "persons")
-        right = cls.stream_setting(name, "right", "auctions")
-        if left == right:
-            raise OptionError(f"{cls.kind} {name!r} joins two different streams", got=(left, right),
-                              hint="to join a stream with itself, key a copy of it into a stream of its own")
+        cls.two_streams(name, "left", "right", ("persons", "auctions"), SELF_JOIN)
         cls.setting(name, "size_ms", example="10_000")
-        if cls.join_window is WindowJoin.join_window:
-            raise OptionError(f"{cls.kind} {name!r} does not define join_window", got=cls,
-                              hint="define join_window(self, ctx, window, lefts, rights): it runs once per "
-                                   "key and window, when the window closes")
+        cls.require_hook(name, "join_window", WindowJoin, "define join_window(self, ctx, window, lefts, rights): it "
+                                                          "runs once per key and window, when the window closes")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         side = self.side_of(ctx, record, {self.left: 0, self.right: 1})  # type: ignore[dict-item]

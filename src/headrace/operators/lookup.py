@@ -51,17 +51,10 @@ class LookupJoin(Operator):
 
     @classmethod
     def check(cls, name: str) -> None:
-        from ..errors import OptionError
-
-        table = cls.stream_setting(name, "table", "users")
-        stream = cls.stream_setting(name, "stream", "clicks")
-        if table == stream:
-            raise OptionError(f"{cls.kind} {name!r} looks a stream up in another one", got=(table, stream),
-                              hint="table names the stream of rows, stream the records to enrich")
+        cls.two_streams(name, "table", "stream", ("users", "clicks"),
+                        "table names the stream of rows, stream the records to enrich")
         cls.setting(name, "ttl_ms", optional=True, example="86_400_000")
-        if cls.join is LookupJoin.join:
-            raise OptionError(f"{cls.kind} {name!r} does not define join", got=cls,
-                              hint="define join(self, ctx, record, row): row is None when the key has none")
+        cls.require_hook(name, "join", LookupJoin, "define join(self, ctx, record, row): row is None when the key has none")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         side = self.side_of(ctx, record, {self.table: "rows", self.stream: "waiting"})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import OptionError
 from ..model import Context, Record, Timer
 from .base import Operator, Window
 
@@ -45,9 +46,7 @@ class _Windowed(Operator):
     def check(cls, name: str) -> None:
         missing = [h for h in ("zero", "lift", "combine", "emit") if getattr(cls, h) is getattr(_Windowed, h)]
         if missing:
-            from ..errors import OptionError
-
-            raise OptionError(f"{cls.kind} {name!r} does not define {', '.join(missing)}", got=cls,
+                raise OptionError(f"{cls.kind} {name!r} does not define {', '.join(missing)}", got=cls,
                               hint="a window folds its records with zero(), lift(record) and combine(a, b) "
                                    "and produces in emit(ctx, window, aggregate); headrace.monoids has "
                                    "ready-made lift hooks (constant(1), field('n'))")

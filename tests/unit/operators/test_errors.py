@@ -12,17 +12,10 @@ from headrace.errors import OptionError, UserCodeError
 from headrace.operators import Deduplicate, IntervalJoin, LookupJoin, TumblingWindow
 from headrace.testing import Harness
 
+from ...operator_cases import Counting
 
-class Count(TumblingWindow):
-    def zero(self) -> int:
-        return 0
 
-    def lift(self, record: Any) -> int:
-        return 1
-
-    def combine(self, a: int, b: int) -> int:
-        return a + b
-
+class Count(Counting, TumblingWindow):
     def emit(self, ctx: Any, window: Any, count: int) -> None:
         ctx.produce("counts", {"count": count})
 
