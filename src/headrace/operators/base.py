@@ -93,6 +93,14 @@ class Operator(Computation):
         return side
 
     @staticmethod
+    def wake_by(ctx: Context, state: dict[str, Any], due: int) -> None:
+        """Make sure the key's timer fires by ``due``: what a new record needs, in O(1) (the
+        timer's own run then does the work for everything held, once per batch)."""
+        if state.get("t") is None or due < state["t"]:
+            ctx.set_timer(TIMER, due)
+            state["t"] = due
+
+    @staticmethod
     def schedule(ctx: Context, state: dict[str, Any], due: Iterable[int]) -> None:
         """Keep the key's one timer at its earliest due time (rewritten only when that moves);
         no due time left deletes it."""

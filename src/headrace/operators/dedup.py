@@ -51,10 +51,13 @@ class Deduplicate(Operator):
     def process_record(self, ctx: Context, record: Record) -> None:
         state = ctx.state or {"waiting": [], "last": None}
         state["waiting"].append((*held(record), record.stream))
-        self.settle(ctx, state, ctx.low_watermark)
+        self.wake_by(ctx, state, record.timestamp + 1)
+        ctx.state = state
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
-        self.settle(ctx, ctx.state or {"waiting": [], "last": None}, ctx.low_watermark)
+        state = ctx.state or {"waiting": [], "last": None}
+        state.pop("t", None)  # it has fired
+        self.settle(ctx, state, ctx.low_watermark)
 
     def settle(self, ctx: Context, state: dict[str, Any], watermark: int) -> None:
         due = sorted(k for k in state["waiting"] if k[0] < watermark)

@@ -80,19 +80,24 @@ class IntervalJoin(Operator):
                 if ts + lower <= kept[0] <= high:
                     self.join(ctx, record, record_of(key, self.right, kept))
             state["l"].append((*held(record), high))
+            self.wake_by(ctx, state, high + 1)
         else:
             for kept in state["l"]:
                 if kept[0] + lower <= ts <= kept[3]:
                     self.join(ctx, record_of(key, self.left, kept[:3]), record)
             state["r"].append(held(record))
-        self.evict(ctx, state, ctx.low_watermark)
+            self.wake_by(ctx, state, ts - lower + 1)
+        ctx.state = state
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
-        self.evict(ctx, ctx.state or {"l": [], "r": []}, ctx.low_watermark)
+        state = ctx.state or {"l": [], "r": []}
+        state.pop("t", None)  # it has fired
+        self.evict(ctx, state, ctx.low_watermark)
 
     def evict(self, ctx: Context, state: dict[str, Any], watermark: int) -> None:
         """Forget what no future record can match (every future record is at or after the
-        watermark), and keep the key's timer at the next such moment."""
+        watermark), and keep the key's timer at the next such moment. It runs when the timer
+        fires, once per batch that moved the watermark past something held, not per record."""
         lower = self.lower_ms
         state["l"] = [k for k in state["l"] if k[3] >= watermark]
         state["r"] = [k for k in state["r"] if k[0] - lower >= watermark]

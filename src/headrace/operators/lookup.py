@@ -60,12 +60,16 @@ class LookupJoin(Operator):
         side = self.side_of(ctx, record, {self.table: "rows", self.stream: "waiting"})
         state = ctx.state or {"rows": [], "waiting": []}
         state[side].append(held(record))
-        if side == "rows":
-            state["rows"].sort(key=lambda k: k[:2])
-        self.settle(ctx, state, ctx.low_watermark)
+        rows = state["rows"]
+        if side == "rows" and len(rows) > 1 and rows[-2][:2] > rows[-1][:2]:
+            rows.sort(key=lambda k: k[:2])
+        self.wake_by(ctx, state, record.timestamp + 1)  # a record's lookup, or the rows a row makes old
+        ctx.state = state
 
     def process_timer(self, ctx: Context, timer: Timer) -> None:
-        self.settle(ctx, ctx.state or {"rows": [], "waiting": []}, ctx.low_watermark)
+        state = ctx.state or {"rows": [], "waiting": []}
+        state.pop("t", None)  # it has fired
+        self.settle(ctx, state, ctx.low_watermark)
 
     def settle(self, ctx: Context, state: dict[str, Any], watermark: int) -> None:
         """Look up every record the watermark has passed, in (timestamp, id) order; keep of the
