@@ -37,7 +37,8 @@ Timestamp = Union[int, _dt.datetime]
 class Record(NamedTuple):
     """One record as a computation receives it; ``id`` is unique, assigned at production;
     ``stream`` is the input stream it came from (a computation of several inputs tells them apart
-    by it; empty where no stream applies, as for a record read back with ``headrace.read``)."""
+    by it in ``process_record``; empty elsewhere: in a monoid's ``lift`` and ``window``, which fold
+    every input alike, and for a record read back with ``headrace.read``)."""
 
     key: str
     value: Any

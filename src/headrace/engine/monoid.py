@@ -297,7 +297,7 @@ def process_monoid_shard(
                 continue
             counters["late_delivered"] += 1
         counters["records"] += 1
-        record = Record(r.key, r.value, r.timestamp, r.id, r.stream)
+        record = Record(r.key, r.value, r.timestamp, r.id)  # as the Folder makes them: a monoid folds its inputs alike
         try:
             if r.stream in checks and type(r) is not CheckedRecord:
                 checks[r.stream].require(r.stream, r.value)
