@@ -21,7 +21,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from headrace import Computation, MonoidComputation, Topology, injectors, key_by
+from headrace import Computation, MonoidComputation, Topology, key_by
 from headrace.injectors import RecordsInjector
 from headrace.monoids import tumbling
 from headrace.operators import IntervalJoin, LookupJoin, WindowJoin

@@ -2,8 +2,9 @@
 allowed lateness, stream-stream joins whose state the watermark bounds, a lookup join against a
 table stream, and deduplication within a time bound (docs/operators/). Each is a ``Computation``
 with settings as class attributes and hooks to override; add it to a topology as any other.
-For a tumbling or sliding window of a monoid with no lateness, a ``MonoidComputation`` with
-``window = headrace.monoids.tumbling(...)`` or ``sliding(...)`` folds records before the shuffle."""
+For a tumbling window of a monoid with no lateness, a ``MonoidComputation`` with
+``window = headrace.monoids.tumbling(...)`` folds records before the shuffle; a sliding one folds
+its panes that way (docs/operators/sliding.md)."""
 
 from .base import Window
 from .dedup import Deduplicate
