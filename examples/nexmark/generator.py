@@ -11,7 +11,8 @@ implementations generate it (github.com/nexmark/nexmark, ``nexmark-flink/.../gen
 - a bid's auction is, 1 time in 2, the first of the last 100 auctions (a hot auction), else one of
   the last 100 or up to 10 not yet created; its bidder is, 3 times in 4, the second of the last 100
   persons, else one of the last 1000 persons or up to 10 ahead; its price as above;
-- event ``n`` happens at ``base_time + n // 10`` ms (10,000 events per second of event time); with
+- event ``n`` happens at ``base_time + n // 10`` ms (10,000 events per second of event time, or
+  ``rate``, Nexmark's ``firstEventRate``); with
   ``out_of_order=G`` each group of G consecutive events is permuted (``n -> base + 953 n % G``),
   as Nexmark's ``outOfOrderGroupSize`` does, and the watermark is the group's first timestamp;
 - records carry an ``extra`` string so that persons, auctions and bids average 200, 500 and 100
@@ -107,8 +108,8 @@ def _price(d: _Draws) -> int:
     return round(10.0 ** (d.unit() * 6.0) * 100.0)
 
 
-def _timestamp(number: int) -> int:
-    return BASE_TIME + number * 1_000 // EVENTS_PER_S
+def _timestamp(number: int, rate: int = EVENTS_PER_S) -> int:
+    return BASE_TIME + number * 1_000 // rate
 
 
 def _last_person(event_id: int) -> int:
@@ -145,10 +146,11 @@ def adjusted(i: int, out_of_order: int) -> int:
     return base + i * 953 % out_of_order
 
 
-def event(i: int, seed: int = 1, out_of_order: int = 1) -> Event:
-    """The ``i``-th event generated: its kind (``persons``, ``auctions`` or ``bids``) and value."""
+def event(i: int, seed: int = 1, out_of_order: int = 1, rate: int = EVENTS_PER_S) -> Event:
+    """The ``i``-th event generated: its kind (``persons``, ``auctions`` or ``bids``) and value;
+    ``rate`` events per second of event time (Nexmark's ``firstEventRate``)."""
     number = adjusted(i, out_of_order)
-    ts, d, pool = _timestamp(number), _Draws(seed, number), _pool(seed)
+    ts, d, pool = _timestamp(number, rate), _Draws(seed, number), _pool(seed)
     kind = number % TOTAL
     if kind < PERSON:
         name = f"{FIRST_NAMES[d.below(len(FIRST_NAMES))]} {LAST_NAMES[d.below(len(LAST_NAMES))]}"
@@ -163,7 +165,7 @@ def event(i: int, seed: int = 1, out_of_order: int = 1) -> Event:
         seller = (_last_person(number) // HOT * HOT if d.below(HOT_SELLERS) > 0 else _some_person(d, number))
         category = FIRST_CATEGORY + d.below(5)
         initial = _price(d)
-        horizon = _timestamp(number + IN_FLIGHT_AUCTIONS * TOTAL // AUCTION) - ts
+        horizon = _timestamp(number + IN_FLIGHT_AUCTIONS * TOTAL // AUCTION, rate) - ts
         expires = ts + 1 + d.below(max(horizon * 2, 1))
         item, description = _string(d, pool, 20), _string(d, pool, 100)
         reserve = initial + _price(d)
@@ -177,10 +179,10 @@ def event(i: int, seed: int = 1, out_of_order: int = 1) -> Event:
                     "extra": _extra(d, pool, 32, 100)}
 
 
-def events(n: int, seed: int = 1, out_of_order: int = 1) -> Iterator[Event]:
+def events(n: int, seed: int = 1, out_of_order: int = 1, rate: int = EVENTS_PER_S) -> Iterator[Event]:
     """The first ``n`` events, in the order they are generated."""
     for i in range(n):
-        yield event(i, seed, out_of_order)
+        yield event(i, seed, out_of_order, rate)
 
 
 def kind_of(i: int, out_of_order: int) -> str:
@@ -188,13 +190,14 @@ def kind_of(i: int, out_of_order: int) -> str:
     return "persons" if kind < PERSON else "auctions" if kind < PERSON + AUCTION else "bids"
 
 
-def source(kind: str, n: int, seed: int = 1, out_of_order: int = 1) -> Callable[[], Iterator[dict[str, Any]]]:
+def source(kind: str, n: int, seed: int = 1, out_of_order: int = 1,
+           rate: int = EVENTS_PER_S) -> Callable[[], Iterator[dict[str, Any]]]:
     """The values of one kind among the first ``n`` events, in generation order: an injector's
     source (called again, it starts again from the first)."""
     def values() -> Iterator[dict[str, Any]]:
         for i in range(n):
             if kind_of(i, out_of_order) == kind:
-                yield event(i, seed, out_of_order)[1]
+                yield event(i, seed, out_of_order, rate)[1]
     return values
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .generator import KINDS, SCHEMAS, events
+from .generator import EVENTS_PER_S, KINDS, SCHEMAS, events
 
 __all__ = ["SQL", "tables", "evaluate"]
 
@@ -46,11 +46,11 @@ SQL = {
 _ARROW = {"BIGINT": pa.int64(), "STRING": pa.string()}
 
 
-def tables(n: int, seed: int = 1, out_of_order: int = 1) -> dict[str, pa.Table]:
+def tables(n: int, seed: int = 1, out_of_order: int = 1, rate: int = EVENTS_PER_S) -> dict[str, pa.Table]:
     """The first ``n`` events as three Arrow tables, one per kind, columns as in ``SCHEMAS``."""
     columns: dict[str, dict[str, list[Any]]] = {
         kind: {c.split()[0]: [] for c in SCHEMAS[kind].split(", ")} for kind in KINDS}
-    for kind, value in events(n, seed, out_of_order):
+    for kind, value in events(n, seed, out_of_order, rate):
         for name, column in columns[kind].items():
             column.append(value[name])
     return {kind: pa.table({name: pa.array(values, _ARROW[t.split()[1]])

@@ -26,7 +26,7 @@ from headrace.injectors import RecordsInjector
 from headrace.monoids import tumbling
 from headrace.operators import IntervalJoin, LookupJoin, WindowJoin
 
-from .generator import KINDS, SCHEMAS, source
+from .generator import EVENTS_PER_S, KINDS, SCHEMAS, source
 
 __all__ = ["QUERIES", "Query", "topology", "answer", "inject"]
 
@@ -262,23 +262,23 @@ INPUTS = {"q0": ("bids",), "q1": ("bids",), "q2": ("bids",), "q3": ("persons", "
 
 
 def inject(t: Topology, n: int, seed: int = 1, out_of_order: int = 1, batch_size: int = 10_000,
-           kinds: tuple[str, ...] = KINDS, rate: float | None = None) -> None:
+           kinds: tuple[str, ...] = KINDS, rate: int = EVENTS_PER_S) -> None:
     """The first ``n`` events as the typed streams ``persons``, ``auctions`` and ``bids`` (those of
     ``kinds``), each from an injector of its own whose watermark trails its newest timestamp by
-    the disorder of ``out_of_order``."""
+    the disorder of ``out_of_order``; ``rate`` events per second of event time."""
     for kind in kinds:
-        t.inject(kind, RecordsInjector(source(kind, n, seed, out_of_order), timestamp="dateTime",
-                                       batch_size=batch_size, max_delay_ms=out_of_order * 1_000 // 10_000 + 1,
-                                       bounded=True, rate=rate))
+        t.inject(kind, RecordsInjector(source(kind, n, seed, out_of_order, rate), timestamp="dateTime",
+                                       batch_size=batch_size, max_delay_ms=out_of_order * 1_000 // rate + 1,
+                                       bounded=True))
         t.stream(kind, schema=SCHEMAS[kind])
 
 
 def topology(query: str, n: int, seed: int = 1, out_of_order: int = 1, batch_size: int = 10_000,
-             name: str | None = None, **options: Any) -> Topology:
+             name: str | None = None, rate: int = EVENTS_PER_S, **options: Any) -> Topology:
     """The query over the first ``n`` events, on the streams it reads; ``options`` go to every
     computation (``shards=``, ...)."""
     t = Topology(name or f"nexmark_{query}")
-    inject(t, n, seed, out_of_order, batch_size, INPUTS[query])
+    inject(t, n, seed, out_of_order, batch_size, INPUTS[query], rate)
     QUERIES[query].add(t, options)
     return t
 
