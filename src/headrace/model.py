@@ -37,12 +37,16 @@ Timestamp = Union[int, _dt.datetime]
 
 
 class Record(NamedTuple):
-    """One record as a computation receives it; ``id`` is unique, assigned at production."""
+    """One record as a computation receives it; ``id`` is unique, assigned at production;
+    ``stream`` is the input stream it came from (a computation of several inputs tells them apart
+    by it in ``process_record``; empty elsewhere: in a monoid's ``lift`` and ``window``, which fold
+    every input alike, and for a record read back with ``headrace.read``)."""
 
     key: str
     value: Any
     timestamp: int
     id: str
+    stream: str = ""
 
 
 class Timer(NamedTuple):
@@ -85,6 +89,8 @@ class Context(Protocol):
 
     def produce(self, stream: str, value: Any, timestamp: Timestamp | None = None, key: str | None = None) -> None: ...
 
+    def count(self, counter: str, n: int = 1) -> None: ...
+
 
 class Computation:
     """Subclass and override ``process_record`` and/or ``process_timer``.
@@ -101,6 +107,14 @@ class Computation:
     @classmethod
     def overrides(cls, hook: str) -> bool:
         return getattr(cls, hook) is not getattr(Computation, hook)
+
+    @classmethod
+    def resolve_options(cls, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        """The options computation ``name`` runs with, given those passed to ``Topology.add`` (or
+        ``Harness``): a class that needs an option set a certain way (an operator that handles
+        late records itself needs ``late="deliver"``) sets its default here, and refuses a
+        contradiction with an ``OptionError``. By default, the options as given."""
+        return options
 
 
 class MonoidComputation(Computation):

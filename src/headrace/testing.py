@@ -62,7 +62,7 @@ class Harness:
         label = check_name("computation", name or getattr(cls, "__name__", "computation"))
         self.cls = check_computation_class(label, cls)
         self.name = label
-        self.options = ComputationOptions.from_kwargs(label, options)
+        self.options = ComputationOptions.from_kwargs(label, self.cls.resolve_options(label, dict(options)))
         self.outputs = frozenset(outputs) if outputs is not None else None
         if schemas is not None and not isinstance(schemas, Mapping):
             raise OptionError("Harness schemas are a dict of stream name to schema", got=schemas,
@@ -84,17 +84,21 @@ class Harness:
         self._ids = itertools.count(1)
         self._computation = cls()
         self._dedup = DedupCache()
+        self._streams = {HARNESS_STREAM}  # every input stream used so far: all count as at-least-once
 
     # -- driving --------------------------------------------------------------------------------
 
-    def process(self, key: str, value: Any, timestamp: Timestamp, id: str | None = None) -> list[Record]:
-        """Deliver one record to the computation under ``key``; returns what this step produced."""
+    def process(self, key: str, value: Any, timestamp: Timestamp, id: str | None = None,
+                stream: str = HARNESS_STREAM) -> list[Record]:
+        """Deliver one record of input ``stream`` to the computation under ``key``; returns what
+        this step produced."""
         if type(key) is not str:
             raise InvalidKeyError("Harness.process needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
                                   hint="pass the key as a string, e.g. str(user_id)")
         ts = to_millis(timestamp)
         rid = id if id is not None else f"harness-{self.name}-{next(self._ids)}"
-        record = InputRecord(HARNESS_STREAM, key, value, ts, rid)
+        record = InputRecord(check_name("stream", stream), key, value, ts, rid)
+        self._streams.add(record.stream)
         return self._run([record], self._watermark)
 
     def inject(self, stream: str, values: Sequence[Any], *, key: Any, timestamp: Any,
@@ -150,7 +154,7 @@ class Harness:
                             batch=self._batch, records=records, watermark_before=self._watermark,
                             watermark_after=watermark_after, wall_clock=self._wall_clock,
                             sequencer=self.sequencer, previous_output=self._output_watermark,
-                            dedup_streams=frozenset({HARNESS_STREAM}), dedup_cache=self._dedup,
+                            dedup_streams=frozenset(self._streams), dedup_cache=self._dedup,
                             schemas=self.schemas, rejected=rejected)
         self._output_watermark = outcome.output_watermark
         self._watermark = watermark_after

@@ -310,7 +310,7 @@ class Topology:
                 hint=f"write outputs=[{outputs!r}]",
             )
         outs = tuple(dict.fromkeys(check_name("stream", s) for s in outputs))
-        parsed = ComputationOptions.from_kwargs(label, options)
+        parsed = ComputationOptions.from_kwargs(label, cls.resolve_options(label, dict(options)))
         for stream in parsed.watermark_percentile:
             if stream not in subscriptions:
                 raise OptionError(f"Computation {label!r} sets a watermark percentile for {stream!r}, "

@@ -22,7 +22,7 @@ from ..monoids import Constant, Field, Tumbling
 from .batch import CheckedRecord, InputRecord, Partial, ShardBatch, ShardCommit, ShardSnapshot
 from ..names import id_prefix
 from .ports import SegmentColumns
-from .shard import (KeyContext, ValueCheck, dead_letter_value, drop_duplicates, forget_before, invoke_on_timer, new_counters,
+from .shard import (KeyContext, ValueCheck, add_user_counters, dead_letter_value, drop_duplicates, forget_before, invoke_on_timer, new_counters,
                     next_due, user_error)
 from .watermark import output_low_watermark
 
@@ -280,7 +280,7 @@ def process_monoid_shard(
                 continue
             counters["late_delivered"] += 1
         counters["records"] += 1
-        record = Record(r.key, r.value, r.timestamp, r.id)
+        record = Record(r.key, r.value, r.timestamp, r.id)  # as the Folder makes them: a monoid folds its inputs alike
         try:
             if r.stream in checks and type(r) is not CheckedRecord:
                 checks[r.stream].require(r.stream, r.value)
@@ -363,6 +363,7 @@ def process_monoid_shard(
                                      "ctx.produce, or subclass Computation to keep state of your own")
 
     counters["late_productions"] = ctx.late_productions
+    add_user_counters(counters, ctx)
     return ShardCommit(
         computation=batch.computation, shard=batch.shard, batch=batch.batch, base_version=snapshot.version,
         sequencer=batch.sequencer, timer_sets=ctx.timer_sets, timer_deletes=ctx.timer_deletes,

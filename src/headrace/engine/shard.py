@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from ..errors import HeadraceError, UnknownStreamError, UserCodeError
+from ..errors import HeadraceError, OptionError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
 from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
 from ..names import id_prefix
@@ -40,7 +40,7 @@ class KeyContext:
     __slots__ = (
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
         "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
-        "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas",
+        "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas", "user_counters",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
@@ -56,6 +56,7 @@ class KeyContext:
         self.timer_deletes: list[tuple[str, str]] = []
         self._late_before = late_before
         self.late_productions = 0
+        self.user_counters: dict[str, int] = {}
         self.key = ""
         self.low_watermark = 0
         self._timestamp = 0  # the record's or timer's being processed: a production's default
@@ -88,10 +89,10 @@ class KeyContext:
         """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
         raw = self._raw if self._value is _UNSET else None if self._value is None else self._encode(self._value)
         return (raw, self._value is not _UNSET, self._touched, dict(self._timers), dict(self._key_sets),
-                set(self._key_deletes), len(self._productions), self.late_productions)
+                set(self._key_deletes), len(self._productions), self.late_productions, dict(self.user_counters))
 
     def rollback(self, point: tuple[Any, ...]) -> None:
-        raw, decoded, touched, timers, key_sets, key_deletes, produced, late = point
+        raw, decoded, touched, timers, key_sets, key_deletes, produced, late, self.user_counters = point
         self._value = (None if raw is None else self._codec.decode(raw)) if decoded else _UNSET
         self._touched = touched
         self._timers.clear()
@@ -157,6 +158,15 @@ class KeyContext:
         self._key_sets.pop(tag, None)
         self._key_deletes.add(tag)
 
+    def count(self, counter: str, n: int = 1) -> None:
+        """Add ``n`` to the computation's counter ``counter``, committed with the batch (exact, as
+        the engine's own counters are; ``Harness.counters``, ``headrace status``)."""
+        if type(counter) is not str or counter in ENGINE_COUNTERS or type(n) is not int:
+            raise OptionError("ctx.count takes a counter name of your own and an int",
+                              got=(counter, n), hint=f"e.g. ctx.count('too_late'); the engine's own counters "
+                                                     f"{sorted(ENGINE_COUNTERS)} are its to keep")
+        self.user_counters[counter] = self.user_counters.get(counter, 0) + n
+
     def produce(self, stream: str, value: Any, timestamp: Any = None, key: str | None = None) -> None:
         if self._outputs is not None and stream not in self._outputs:
             raise UnknownStreamError(
@@ -178,6 +188,14 @@ class KeyContext:
 
 def new_counters() -> dict[str, int]:
     return {"records": 0, "late_dropped": 0, "late_delivered": 0, "duplicates": 0, "timers_fired": 0}
+
+
+ENGINE_COUNTERS = frozenset([*new_counters(), "late_productions", "dead_lettered"])
+
+
+def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
+    for name, n in ctx.user_counters.items():
+        counters[name] = counters.get(name, 0) + n
 
 
 def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate: Callable[[list[str]], set[str]],
@@ -294,7 +312,7 @@ def process_shard(
                 if (misfits is None and r.stream in checks and type(r) is not CheckedRecord
                         or misfits and (r.stream, r.id) in misfits):
                     checks[r.stream].require(r.stream, r.value)
-                process_record(ctx, Record(key, r.value, r.timestamp, r.id))
+                process_record(ctx, Record(key, r.value, r.timestamp, r.id, r.stream))
             except Exception as exc:
                 what = f"record {r.id!r} (timestamp {r.timestamp})"
                 if point is None:
@@ -317,6 +335,7 @@ def process_shard(
             state_writes.append(write)
 
     counters["late_productions"] = ctx.late_productions
+    add_user_counters(counters, ctx)
     return ShardCommit(
         computation=batch.computation,
         shard=batch.shard,
