@@ -102,7 +102,7 @@ class ContinuousRunner(Driver):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _declare(self) -> None:
-        for spec in self.topology.computations.values():
+        for spec in list(self.topology.computations.values()):
             self.store.register(spec.name, spec.options.shards, CONTINUOUS)
         self.retired = retired_producers({s: self.store.stream_producers(s) for s in self.topology.streams()},
                                          self.topology)
@@ -189,7 +189,7 @@ class ContinuousRunner(Driver):
 
     def _run_job(self) -> None:
         sc = self.spark.sparkContext
-        running = frozenset(n for n in self.topology.computations if n not in self.removed)
+        running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
         plans = interval_plans(self.topology, self.retired, running)
         run_id = self.run_id
         failures: list[float] = []
@@ -254,7 +254,7 @@ class ContinuousRunner(Driver):
                                     got=f"newer driver {current}",
                                     hint="another run of this topology took over its store; this process is a zombie "
                                          "and stops (its workers' writes are refused)")
-        for spec in self.topology.computations.values():
+        for spec in list(self.topology.computations.values()):
             if spec.name in self.removed:
                 continue
             inp, out = store.low_watermarks(spec.name)
@@ -268,11 +268,11 @@ class ContinuousRunner(Driver):
 
     def _computations_drained(self) -> bool:
         return all(self._marks.get(n, (0, 0))[1] == END_OF_TIME
-                   for n in self.topology.computations if n not in self.removed)
+                   for n in list(self.topology.computations) if n not in self.removed)
 
     def stats(self) -> dict[str, QueryStats]:
         out = {}
-        for name in self.topology.computations:
+        for name in list(self.topology.computations):
             inp, out_mark = self._marks.get(name, (BEGINNING_OF_TIME, BEGINNING_OF_TIME))
             out[name] = QueryStats(self.batches(name), inp, out_mark, self.store.counters(name))
         return out

@@ -108,7 +108,7 @@ class Driver:
 
     def routing(self, streams: frozenset[str] | None = None) -> RoutingPlan:
         """Whom the producers of ``streams`` route for: the running computations that read them."""
-        running = frozenset(n for n in self.topology.computations if n not in self.removed)
+        running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
         return routing_plan(self.topology, streams, running)
 
     def _declare(self) -> None:
@@ -195,7 +195,7 @@ class Driver:
         """Forget what every reader of the bus has read (routed segments), and what is also older
         than its stream's replay window (the run's ``retention_ms``, or ``Topology.stream``'s)."""
         readers: dict[str, dict[str, list[str]]] = {}
-        for name in self.topology.computations:
+        for name in list(self.topology.computations):
             if name not in self.removed:
                 consumer = consumer_of(self.topology, name, self.mode)
                 readers[name] = {s: [*ps, *self._declared_parts(s, ps)] for s, ps in consumer.producers.items()}
