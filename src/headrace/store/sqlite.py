@@ -53,5 +53,9 @@ class SQLiteStore(SQLStore):
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"(SELECT value AS {column} FROM json_each(?))", json.dumps(values)
 
+    def limit_idle_transactions(self, idle_ms: int) -> None:
+        """Nothing to bound: no server holds SQLite's write lock for a client that went silent (a
+        process stopped inside a transaction holds it until it resumes or dies; one machine only)."""
+
     def close(self) -> None:
         self._db.close()
