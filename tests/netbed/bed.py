@@ -19,6 +19,7 @@ comes from the queue a rate limit builds); ``kill`` SIGKILLs every process of a 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -158,6 +159,22 @@ class NetBed:
             _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1"])
             _run(["tc", "-n", netns, "class", "replace", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
                   "rate", rate])
+
+    def throttled(self, host: Host) -> dict[str, int]:
+        """What the rate limit on the host's link did, summed over both ways: ``bytes`` and ``packets``
+        it passed, ``overlimits`` (packets it held back) and ``drops``."""
+        totals = {"bytes": 0, "packets": 0, "overlimits": 0, "drops": 0}
+        for netns, dev in ((self.lan, host.port), (host.netns, "eth0")):
+            (qdisc,) = [q for q in json.loads(_run(["tc", "-s", "-j", "-n", netns, "qdisc", "show", "dev", dev]))
+                        if q.get("root")]
+            for name in totals:
+                totals[name] += int(qdisc[name])
+        return totals
+
+    def traffic(self, host: Host) -> int:
+        """Bytes through the host's port on the bridge so far, both ways."""
+        (link,) = json.loads(_ip("-n", self.lan, "-s", "-j", "link", "show", "dev", host.port))
+        return int(link["stats64"]["rx"]["bytes"]) + int(link["stats64"]["tx"]["bytes"])
 
     def unthrottle(self, host: Host) -> None:
         for netns, dev in ((self.lan, host.port), (host.netns, "eth0")):

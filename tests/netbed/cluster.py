@@ -28,6 +28,7 @@ __all__ = ["BedCluster", "cluster_bed"]
 
 MASTER_PORT, MASTER_UI_PORT, WORKER_UI_PORT, POSTGRES_PORT = 7077, 8080, 8081, 5432
 PROBE = Path(__file__).with_name("probe.py")
+FAILPOINT_MS, FAILPOINT_STEPS = 50, ("begin", "before_commit")
 
 
 @dataclass
@@ -48,15 +49,25 @@ class BedCluster:
     def worker_hosts(self) -> list[Host]:
         return [h for name, h in self.net.hosts.items() if name.startswith("worker")]
 
-    def start_worker(self, host: Host, **env: str) -> None:
-        """A Spark worker JVM on ``host`` (one core), which launches its executors there; ``env``
-        reaches them, and their Python workers (e.g. ``HEADRACE_FAILPOINTS``)."""
+    @property
+    def marks(self) -> Path:
+        """Where the workers' failpoints mark the processes asleep in them: ``<step>/<pid>``."""
+        return self.logs / "marks"
+
+    def start_worker(self, host: Host) -> None:
+        """A Spark worker JVM on ``host`` (one core), which launches its executors there. Their
+        continuous workers sleep briefly at two points of every commit, marked (``marks``), so
+        that a test can cut a link at a known point: just before the commit's transaction
+        begins, and inside it with every statement sent but its COMMIT."""
         work = self.logs / host.name
         work.mkdir(exist_ok=True)
+        failpoints = ";".join(f"{step}=sleep:{FAILPOINT_MS}:{self.marks / step}" for step in FAILPOINT_STEPS)
+        for step in FAILPOINT_STEPS:
+            (self.marks / step).mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{host.name}.log", "ab") as log:
             self.workers[host.name] = self.net.spawn(
                 host, worker_command(self.url, host.address, 1, "1g", WORKER_UI_PORT, work),
-                env={**spark_env(host.address), **env}, out=log)
+                env={**spark_env(host.address), "HEADRACE_FAILPOINTS": failpoints}, out=log)
 
     def kill_worker(self, host: Host) -> list[int]:
         """SIGKILL the worker's whole process group (the JVM, its executor, their Python workers): the

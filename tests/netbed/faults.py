@@ -1,15 +1,19 @@
 """The three-stage oracle pipeline of tests/chaos, run by ``headrace run`` in continuous mode on the
-bed's cluster (cluster.py), and the faults the bed injects into it, each with what shows it
-happened: read from the store (through its Unix socket, which the faults do not touch) and from
-the network itself.
+bed's cluster (cluster.py), and the faults the bed injects into it, each returning what shows it
+happened: read from the store through its Unix socket (which no fault touches) and from the
+network itself.
 
-- ``cut_worker_link``: a worker host's link goes down for longer than a lease. Another worker
-  takes over every interval it held (``shards.owner``); once the link is back, the cut-off worker's
-  writes are refused (``fenced:`` rows in ``meta``).
-- ``throttle_store_link``: the store's link is rate limited. A 256 KiB fetch over it is measured
-  before and during; the pipeline goes on committing through it.
+- ``cut_worker_link``: a worker host's link goes down for longer than a lease, at a known point of
+  a commit (the worker asleep at a failpoint). Another worker takes every interval it held
+  (``shards.owner``). Cut just before the commit's transaction, the worker holds no lock and its
+  session stays open; once the link is back, its commit is refused (``fenced:`` rows in
+  ``meta``). Cut inside the transaction, its row locks would stall every other writer; the server
+  ends that session after one lease (its transaction rolled back), and the others go on.
+- ``throttle_store_link``: the store's link is rate limited both ways. A round trip and a 256 KiB
+  fetch over it are timed before and during; the limiter's counters show it held traffic back;
+  the pipeline goes on committing.
 - ``kill_worker_host``: every process of a worker host is SIGKILLed. Another worker takes over its
-  intervals; a new Spark worker is started on the host, as a machine that comes back.
+  intervals; a new Spark worker is started on the host, as a machine that comes back empty.
 """
 
 from __future__ import annotations
@@ -21,17 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psycopg
+
 from headrace.store import open_store
 
-from ..chaos.test_chaos import Divergence
+from ..chaos.test_chaos import Divergence, cmdline
 from ..cluster.test_cluster_oracle import ClusterMonkey
 from .bed import Host
 from .cluster import BedCluster
 
-__all__ = ["BedMonkey", "Cut", "Throttled", "Killed", "cut_worker_link", "throttle_store_link", "kill_worker_host"]
+__all__ = ["BedMonkey", "Cut", "Throttled", "Killed", "cut_worker_link", "throttle_store_link", "kill_worker_host",
+           "every_worker_holds_intervals"]
 
 COMPUTATIONS = ("Tagger", "Collector", "Windows")
 LEASE_S = 3.0  # continuous mode's lease (docs/architecture.md §4.2)
+ENDED_IDLE = "terminating connection due to idle-in-transaction timeout"
 
 
 class BedMonkey(ClusterMonkey):
@@ -53,9 +61,19 @@ class BedMonkey(ClusterMonkey):
         """Who holds each interval of the pipeline now."""
         store = open_store(self.store)
         try:
-            return {(c, shard): owner for c in COMPUTATIONS for shard, (owner, _, _) in store.interval_owners(c).items()}
+            return {(c, shard): owner for c in COMPUTATIONS
+                    for shard, (owner, _, _) in store.interval_owners(c).items()}
         finally:
             store.close()
+
+    def interval_commits(self, intervals: list[tuple[str, int]] | None = None) -> int:
+        """How many batches the pipeline's intervals (or these of them) have committed."""
+        store = open_store(self.store)
+        try:
+            versions = {(c, shard): v for c in COMPUTATIONS for shard, v in store.shard_versions(c).items()}
+        finally:
+            store.close()
+        return sum(v for i, v in versions.items() if intervals is None or i in intervals)
 
     def metas(self, prefix: str) -> dict[str, str]:
         store = open_store(self.store)
@@ -64,13 +82,14 @@ class BedMonkey(ClusterMonkey):
         finally:
             store.close()
 
-    def workers(self) -> dict[str, Host]:
-        """The continuous workers running now (their owner names) and the host each runs on."""
+    def workers(self) -> dict[str, tuple[Host, int]]:
+        """The continuous workers running now (their owner names): the host and pid of each."""
         found = {}
         for key, value in self.metas("worker:").items():
-            host = self.bed.net.host_of(json.loads(value)["pid"])
+            pid = json.loads(value)["pid"]
+            host = self.bed.net.host_of(pid)
             if host is not None:
-                found[key.split(":", 2)[2]] = host
+                found[key.split(":", 2)[2]] = (host, pid)
         return found
 
     def holdings(self) -> dict[str, list[tuple[str, int]]]:
@@ -79,8 +98,17 @@ class BedMonkey(ClusterMonkey):
         out: dict[str, list[tuple[str, int]]] = {}
         for interval, owner in self.owners().items():
             if owner in where:
-                out.setdefault(where[owner].name, []).append(interval)
+                out.setdefault(where[owner][0].name, []).append(interval)
         return out
+
+    def sessions(self, host: Host) -> list[str]:
+        """The state of each connection the store's server has from ``host``."""
+        with psycopg.connect(self.store, autocommit=True) as db:
+            return [str(state) for (state,) in db.execute(
+                "SELECT state FROM pg_stat_activity WHERE client_addr = %s::inet", (host.address,))]
+
+    def server_log(self) -> str:
+        return (Path(str(self.bed.postgres.folder)) / "server.log").read_text(errors="replace")
 
     def divergence_after_drain(self, timeout_s: float) -> Divergence:
         wait_for(self.drained, timeout_s, "the pipeline to drain", self.describe)
@@ -93,7 +121,8 @@ class BedMonkey(ClusterMonkey):
         return (self.user_dir.parent / "drivers.log").read_text()[-4000:]
 
     def describe(self) -> str:
-        return f"holdings {self.holdings()}, committed {self.committed()}, driver log: {self.log_tail()[-1500:]}"
+        return (f"holdings {self.holdings()}, interval commits {self.interval_commits()}, "
+                f"driver log: {self.log_tail()[-1500:]}")
 
 
 def wait_for(done: Callable[[], object], timeout_s: float, what: str, state: Callable[[], str] = str) -> float:
@@ -107,70 +136,128 @@ def wait_for(done: Callable[[], object], timeout_s: float, what: str, state: Cal
 
 
 def every_worker_holds_intervals(monkey: BedMonkey, hosts: list[Host], timeout_s: float = 180) -> None:
-    wait_for(lambda: all(monkey.holdings().get(h.name) for h in hosts) and monkey.committed() > 20, timeout_s,
-             "a worker holding intervals on every worker host", monkey.describe)
+    wait_for(lambda: all(monkey.holdings().get(h.name) for h in hosts) and monkey.interval_commits() > 20, timeout_s,
+             f"a worker holding intervals on each of {[h.name for h in hosts]}", monkey.describe)
+
+
+def held_by(monkey: BedMonkey, host: Host) -> tuple[set[str], list[tuple[str, int]]]:
+    """The owner names of the workers on ``host``, and the intervals they hold."""
+    mine = {owner for owner, (h, _) in monkey.workers().items() if h == host}
+    held = sorted(i for i, owner in monkey.owners().items() if owner in mine)
+    assert held, f"no worker on {host.name} holds an interval: {monkey.describe()}"
+    return mine, held
+
+
+def taken_from(monkey: BedMonkey, mine: set[str], held: list[tuple[str, int]], host: Host) -> float:
+    """Wait until another worker holds every one of ``held``; the seconds it took."""
+    return wait_for(lambda: all(monkey.owners()[i] not in mine | {None} for i in held), 6 * LEASE_S,
+                    f"another worker to take the intervals {held} of {host.name}", monkey.describe)
 
 
 @dataclass
 class Cut:
     host: str
-    held: list[tuple[str, int]]  # the intervals its worker held when the link went down
-    down_s: float  # how long the link was down
-    taken_after_s: float  # when every one of them had another owner, after the cut
+    at: str  # the failpoint its worker slept at when the link went down: "begin" or "before_commit"
+    owners: set[str]  # the workers on the host then
+    held: list[tuple[str, int]]  # the intervals its worker held then
+    taken_after_s: float  # when another worker held every one of them, after the cut
     taken_by: dict[tuple[str, int], str]  # their owners then
-    committed_while_down: int  # interval commits by the others while it was cut off
-    fenced: dict[str, str] = field(default_factory=dict)  # the meta rows of its refused writes
+    down_s: float  # how long the link was down
+    committed_while_down: int  # batches its intervals' new owners committed after taking them, before the mend
+    sessions_at_mend: list[str]  # the states of the server's connections from the host when it came back
+    ended_by_server: int  # transactions the server ended for silence while the link was down
+    fenced: dict[str, str] = field(default_factory=dict)  # the meta rows of its refused commits
+    window: tuple[int, int] = (0, 0)  # from the cut to the mend, wall ms
 
 
-def cut_worker_link(monkey: BedMonkey, host: Host, min_down_s: float = 2 * LEASE_S) -> Cut:
-    """Cut ``host``'s link until another worker took every interval it held, and for at least
-    ``min_down_s``; mend it; wait for the store to refuse the cut-off worker's writes."""
-    net = monkey.bed.net
-    mine = {owner for owner, h in monkey.workers().items() if h == host}
-    held = sorted(i for i, owner in monkey.owners().items() if owner in mine)
-    assert held, f"no worker on {host.name} held an interval: {monkey.describe()}"
-    before = monkey.committed()
-    net.cut(host)
+def cut_at(monkey: BedMonkey, host: Host, step: str, timeout_s: float = 60) -> int:
+    """Cut ``host``'s link while its worker sleeps at failpoint ``step`` (its marker exists before
+    and after the cut: the worker sends nothing more before the link is down); its pid."""
+    bed = monkey.bed
+    marks = bed.marks / step
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        asleep = [m for m in marks.iterdir() if m.name.isdigit() and bed.net.host_of(int(m.name)) == host]
+        if not asleep:
+            time.sleep(0.002)
+            continue
+        bed.net.cut(host)
+        if asleep[0].exists():
+            return int(asleep[0].name)
+        bed.net.mend(host)  # it woke before the link went down: try the next commit
+    raise AssertionError(f"no worker on {host.name} reached failpoint {step} in {timeout_s} s: {monkey.describe()}")
+
+
+def cut_worker_link(monkey: BedMonkey, host: Host, at: str, min_down_s: float = 2 * LEASE_S) -> Cut:
+    """Cut ``host``'s link while its worker sleeps at failpoint ``at``, until another worker took
+    every interval it held and for at least ``min_down_s``; mend it. Cut before a commit, wait for
+    the store to refuse that commit."""
+    mine, held = held_by(monkey, host)
+    ended = monkey.server_log().count(ENDED_IDLE)
+    cut_at(monkey, host, at)
     start = time.time()
+    began = int(start * 1000)
     try:
-        taken = wait_for(lambda: all(monkey.owners()[i] not in mine | {None} for i in held), 6 * LEASE_S,
-                         f"another worker to take the intervals {held} of cut-off {host.name}", monkey.describe)
-        owners = monkey.owners()
+        taken = taken_from(monkey, mine, held, host)
+        owners, committed = monkey.owners(), monkey.interval_commits(held)
         time.sleep(max(0.0, min_down_s - (time.time() - start)))
-        committed = monkey.committed() - before
+        committed, sessions = monkey.interval_commits(held) - committed, monkey.sessions(host)
+        ended = monkey.server_log().count(ENDED_IDLE) - ended
     finally:
-        net.mend(host)
-    down = time.time() - start
-    def fenced() -> dict[str, str]:  # fenced:<run>:<owner>:<C>/<i>:<ms>
-        return {k: v for k, v in monkey.metas("fenced:").items() if any(f":{o}:" in k for o in mine)}
+        monkey.bed.net.mend(host)
+    cut = Cut(host.name, at, mine, held, taken, {i: str(owners[i]) for i in held}, time.time() - start, committed,
+              sessions, ended, window=(began, int(time.time() * 1000)))
+    if at == "begin":
+        def fenced() -> dict[str, str]:  # fenced:<run>:<owner>:<C>/<i>:<ms>
+            return {k: v for k, v in monkey.metas("fenced:").items() if any(f":{o}:" in k for o in mine)}
 
-    wait_for(fenced, 60, f"a refused write of the worker cut off on {host.name}", monkey.describe)
-    return Cut(host.name, held, down, taken, {i: str(owners[i]) for i in held}, committed, fenced())
+        wait_for(fenced, 60, f"the refused commit of the worker cut off on {host.name}", monkey.describe)
+        cut.fenced = fenced()
+    return cut
 
 
 @dataclass
 class Throttled:
-    rate: str
-    fetch_s: float  # median seconds of a 256 KiB fetch from the store, before
-    throttled_fetch_s: float  # the same while throttled
-    committed_while_throttled: int
+    mbit: float  # the rate limit, Mbit/s each way
+    round_trip_s: float  # median seconds of a query's round trip from the driver's host to the store, before
+    throttled_round_trip_s: float  # the same while throttled
+    fetch_s: float  # median seconds of a 256 KiB fetch, before
+    throttled_fetch_s: float
+    bytes_per_s: float  # the pipeline's traffic on the store's link, before
+    throttled_bytes_per_s: float
+    limiter: dict[str, int]  # the rate limit's counters when it was lifted: bytes, packets, overlimits, drops
+    committed_while_throttled: int  # batches the pipeline's intervals committed while throttled
+    window: tuple[int, int] = (0, 0)  # from the throttle to its end, wall ms
 
 
-def throttle_store_link(monkey: BedMonkey, rate: str = "4mbit", hold_s: float = 8.0) -> Throttled:
+def throttle_store_link(monkey: BedMonkey, mbit: float, hold_s: float = 10.0) -> Throttled:
+    """Limit the store's link to ``mbit`` Mbit/s each way for ``hold_s``, measuring it before and during."""
     bed = monkey.bed
     store = bed.net["store"]
-    fetch = lambda: statistics.median(bed.probe(bed.driver_host, "fetch", monkey.driver_store, "256", "3"))  # noqa: E731
-    before_s = fetch()
-    committed = monkey.committed()
-    bed.net.throttle(store, rate)
+
+    def measured() -> tuple[float, float, float]:
+        """The link's round trip and 256 KiB fetch; the pipeline's traffic over 2 s (alone on it)."""
+        start, traffic = time.time(), bed.net.traffic(store)
+        time.sleep(2)
+        pipeline = (bed.net.traffic(store) - traffic) / (time.time() - start)
+        trips = bed.probe(bed.driver_host, "fetch", monkey.driver_store, "0", "20")
+        fetches = bed.probe(bed.driver_host, "fetch", monkey.driver_store, "256", "3")
+        return statistics.median(trips), statistics.median(fetches), pipeline  # type: ignore[arg-type]
+
+    trip, fetch, traffic = measured()
+    committed = monkey.interval_commits()
+    bed.net.throttle(store, f"{mbit}mbit")
     start = time.time()
+    began = int(start * 1000)
     try:
-        during_s = fetch()
+        slow_trip, slow_fetch, slow_traffic = measured()
         time.sleep(max(0.0, hold_s - (time.time() - start)))
-        committed = monkey.committed() - committed
+        committed = monkey.interval_commits() - committed
+        limiter = bed.net.throttled(store)
     finally:
         bed.net.unthrottle(store)
-    return Throttled(rate, before_s, during_s, committed)
+    return Throttled(mbit, trip, slow_trip, fetch, slow_fetch, traffic, slow_traffic, limiter, committed,
+                     (began, int(time.time() * 1000)))
 
 
 @dataclass
@@ -180,19 +267,19 @@ class Killed:
     held: list[tuple[str, int]]
     taken_after_s: float
     taken_by: dict[tuple[str, int], str]
+    window: tuple[int, int] = (0, 0)  # from the kill to the takeover, wall ms
 
 
 def kill_worker_host(monkey: BedMonkey, host: Host) -> Killed:
-    """SIGKILL the host's whole process group; wait for another worker to take its intervals;
-    start a new Spark worker there (the machine back, empty)."""
+    """SIGKILL the host's Spark worker with its whole process group; wait for another worker to
+    take its intervals; start a new Spark worker there (the machine back, empty)."""
     bed = monkey.bed
-    mine = {owner for owner, h in monkey.workers().items() if h == host}
-    held = sorted(i for i, owner in monkey.owners().items() if owner in mine)
-    assert held, f"no worker on {host.name} held an interval: {monkey.describe()}"
+    mine, held = held_by(monkey, host)
+    began = int(time.time() * 1000)
     pids = bed.kill_worker(host)
-    assert bed.net.pids(host) == [], f"processes outlived the kill of {host.name}: {bed.net.pids(host)}"
-    taken = wait_for(lambda: all(monkey.owners()[i] not in mine | {None} for i in held), 6 * LEASE_S,
-                     f"another worker to take the intervals {held} of killed {host.name}", monkey.describe)
+    wait_for(lambda: not bed.net.pids(host), 10, f"every process on {host.name} to die",
+             lambda: "; ".join(f"{p}: {cmdline(p)[:200]}" for p in bed.net.pids(host)))
+    taken = taken_from(monkey, mine, held, host)
     owners = monkey.owners()
     bed.start_worker(host)
-    return Killed(host.name, pids, held, taken, {i: str(owners[i]) for i in held})
+    return Killed(host.name, pids, held, taken, {i: str(owners[i]) for i in held}, (began, int(time.time() * 1000)))

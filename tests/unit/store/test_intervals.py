@@ -123,5 +123,5 @@ def test_a_worker_silent_inside_a_commit_holds_its_locks_no_longer_than_its_limi
     assert sorted(taken) == [0, 1] and not woke.is_set(), "taken only once the silent commit woke"
     thread.join()
     assert len(failures) == 1 and isinstance(failures[0], psycopg.errors.IdleInTransactionSessionTimeout), failures
-    assert other.shard_versions(C) == {0: 0, 1: 0} and other.counters(C) == {} and other.latest_batches([f"{C}/0"]) == {}
+    assert (other.shard_versions(C), other.counters(C), other.latest_batches([f"{C}/0"])) == ({0: 0, 1: 0}, {}, {})
     other.close()
