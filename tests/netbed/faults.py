@@ -34,7 +34,7 @@ from ..cluster.test_cluster_oracle import ClusterMonkey
 from .bed import Host
 from .cluster import BedCluster
 
-__all__ = ["BedMonkey", "Cut", "Throttled", "Killed", "cut_worker_link", "throttle_store_link", "kill_worker_host",
+__all__ = ["BedMonkey", "Cut", "Throttled", "Killed", "Takeover", "cut_worker_link", "throttle_store_link", "kill_worker_host",
            "every_worker_holds_intervals"]
 
 COMPUTATIONS = ("Tagger", "Collector", "Windows")
@@ -59,10 +59,14 @@ class BedMonkey(ClusterMonkey):
 
     def owners(self) -> dict[tuple[str, int], str | None]:
         """Who holds each interval of the pipeline now."""
+        return {i: owner for i, (owner, _) in self.leases().items()}
+
+    def leases(self) -> dict[tuple[str, int], tuple[str | None, int]]:
+        """Each interval's owner and the end of its lease (wall ms)."""
         store = open_store(self.store)
         try:
-            return {(c, shard): owner for c in COMPUTATIONS
-                    for shard, (owner, _, _) in store.interval_owners(c).items()}
+            return {(c, shard): (owner, until) for c in COMPUTATIONS
+                    for shard, (owner, until, _) in store.interval_owners(c).items()}
         finally:
             store.close()
 
@@ -140,18 +144,48 @@ def every_worker_holds_intervals(monkey: BedMonkey, hosts: list[Host], timeout_s
              f"a worker holding intervals on each of {[h.name for h in hosts]}", monkey.describe)
 
 
-def held_by(monkey: BedMonkey, host: Host) -> tuple[set[str], list[tuple[str, int]]]:
-    """The owner names of the workers on ``host``, and the intervals they hold."""
+def held_by(monkey: BedMonkey, host: Host) -> tuple[set[str], dict[tuple[str, int], int]]:
+    """The owner names of the workers on ``host``, and the intervals they hold with the end of
+    each one's lease."""
     mine = {owner for owner, (h, _) in monkey.workers().items() if h == host}
-    held = sorted(i for i, owner in monkey.owners().items() if owner in mine)
+    held = {i: until for i, (owner, until) in sorted(monkey.leases().items()) if owner in mine}
     assert held, f"no worker on {host.name} holds an interval: {monkey.describe()}"
     return mine, held
 
 
-def taken_from(monkey: BedMonkey, mine: set[str], held: list[tuple[str, int]], host: Host) -> float:
-    """Wait until another worker holds every one of ``held``; the seconds it took."""
-    return wait_for(lambda: all(monkey.owners()[i] not in mine | {None} for i in held), 6 * LEASE_S,
-                    f"another worker to take the intervals {held} of {host.name}", monkey.describe)
+@dataclass
+class Takeover:
+    """The intervals a lost worker held, and how other workers took them."""
+
+    held: list[tuple[str, int]]
+    lease_until: dict[tuple[str, int], int]  # the end of each one's lease once its worker was lost, wall ms
+    taken_at: dict[tuple[str, int], int]  # when another worker was first seen holding it, wall ms
+    taken_by: dict[tuple[str, int], str]
+    after_s: float  # from the loss until another worker held every one of them
+
+
+def taken_from(monkey: BedMonkey, mine: set[str], held: dict[tuple[str, int], int], host: Host) -> Takeover:
+    """Once ``host``'s workers are lost: wait until other workers hold every interval of ``held``
+    (with its lease's end as ``held_by`` read it), noting the last lease seen for each."""
+    start = time.time()
+    lease_until = dict(held)
+    taken_at: dict[tuple[str, int], int] = {}
+    taken_by: dict[tuple[str, int], str] = {}
+
+    def all_taken() -> bool:
+        now = int(time.time() * 1000)
+        for i, (owner, until) in monkey.leases().items():
+            if i not in held or i in taken_at:
+                continue
+            if owner in mine:
+                lease_until[i] = until
+            elif owner is not None:
+                taken_at[i], taken_by[i] = now, str(owner)
+        return len(taken_at) == len(held)
+
+    wait_for(all_taken, 6 * LEASE_S, f"other workers to take the intervals {sorted(held)} of {host.name}",
+             monkey.describe)
+    return Takeover(sorted(held), lease_until, taken_at, taken_by, time.time() - start)
 
 
 @dataclass
@@ -159,9 +193,7 @@ class Cut:
     host: str
     at: str  # the failpoint its worker slept at when the link went down: "begin" or "before_commit"
     owners: set[str]  # the workers on the host then
-    held: list[tuple[str, int]]  # the intervals its worker held then
-    taken_after_s: float  # when another worker held every one of them, after the cut
-    taken_by: dict[tuple[str, int], str]  # their owners then
+    takeover: Takeover  # of the intervals they held
     down_s: float  # how long the link was down
     committed_while_down: int  # batches its intervals' new owners committed after taking them, before the mend
     sessions_at_mend: list[str]  # the states of the server's connections from the host when it came back
@@ -199,14 +231,14 @@ def cut_worker_link(monkey: BedMonkey, host: Host, at: str, min_down_s: float = 
     began = int(start * 1000)
     try:
         taken = taken_from(monkey, mine, held, host)
-        owners, committed = monkey.owners(), monkey.interval_commits(held)
+        committed = monkey.interval_commits(taken.held)
         time.sleep(max(0.0, min_down_s - (time.time() - start)))
-        committed, sessions = monkey.interval_commits(held) - committed, monkey.sessions(host)
+        committed, sessions = monkey.interval_commits(taken.held) - committed, monkey.sessions(host)
         ended = monkey.server_log().count(ENDED_IDLE) - ended
     finally:
         monkey.bed.net.mend(host)
-    cut = Cut(host.name, at, mine, held, taken, {i: str(owners[i]) for i in held}, time.time() - start, committed,
-              sessions, ended, window=(began, int(time.time() * 1000)))
+    cut = Cut(host.name, at, mine, taken, time.time() - start, committed, sessions, ended,
+              window=(began, int(time.time() * 1000)))
     if at == "begin":
         def fenced() -> dict[str, str]:  # fenced:<run>:<owner>:<C>/<i>:<ms>
             return {k: v for k, v in monkey.metas("fenced:").items() if any(f":{o}:" in k for o in mine)}
@@ -264,9 +296,7 @@ def throttle_store_link(monkey: BedMonkey, mbit: float, hold_s: float = 10.0) ->
 class Killed:
     host: str
     pids: list[int]  # every process that ran on the host
-    held: list[tuple[str, int]]
-    taken_after_s: float
-    taken_by: dict[tuple[str, int], str]
+    takeover: Takeover  # of the intervals its workers held
     window: tuple[int, int] = (0, 0)  # from the kill to the takeover, wall ms
 
 
@@ -280,6 +310,5 @@ def kill_worker_host(monkey: BedMonkey, host: Host) -> Killed:
     wait_for(lambda: not bed.net.pids(host), 10, f"every process on {host.name} to die",
              lambda: "; ".join(f"{p}: {cmdline(p)[:200]}" for p in bed.net.pids(host)))
     taken = taken_from(monkey, mine, held, host)
-    owners = monkey.owners()
     bed.start_worker(host)
-    return Killed(host.name, pids, held, taken, {i: str(owners[i]) for i in held}, (began, int(time.time() * 1000)))
+    return Killed(host.name, pids, taken, (began, int(time.time() * 1000)))
