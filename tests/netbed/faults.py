@@ -13,7 +13,8 @@ network itself.
   fetch over it are timed before and during; the limiter's counters show it held traffic back;
   the pipeline goes on committing.
 - ``kill_worker_host``: every process of a worker host is SIGKILLed. Another worker takes over its
-  intervals; a new Spark worker is started on the host, as a machine that comes back empty.
+  intervals; a new Spark worker is started on the host, as a machine that comes back empty, and
+  Spark runs the lost worker's task there again.
 """
 
 from __future__ import annotations
@@ -240,8 +241,9 @@ def cut_worker_link(monkey: BedMonkey, host: Host, at: str, min_down_s: float = 
     cut = Cut(host.name, at, mine, taken, time.time() - start, committed, sessions, ended,
               window=(began, int(time.time() * 1000)))
     if at == "begin":
-        def fenced() -> dict[str, str]:  # fenced:<run>:<owner>:<C>/<i>:<ms>
-            return {k: v for k, v in monkey.metas("fenced:").items() if any(f":{o}:" in k for o in mine)}
+        def fenced() -> dict[str, str]:  # fenced:<run>:<owner>:<C>/<i>:<ms>, since the cut
+            return {k: v for k, v in monkey.metas("fenced:").items()
+                    if any(f":{o}:" in k for o in mine) and int(k.rsplit(":", 1)[1]) >= began}
 
         wait_for(fenced, 60, f"the refused commit of the worker cut off on {host.name}", monkey.describe)
         cut.fenced = fenced()
@@ -297,12 +299,14 @@ class Killed:
     host: str
     pids: list[int]  # every process that ran on the host
     takeover: Takeover  # of the intervals its workers held
+    rejoined_after_s: float  # from the kill until a continuous worker ran on the host again
     window: tuple[int, int] = (0, 0)  # from the kill to the takeover, wall ms
 
 
 def kill_worker_host(monkey: BedMonkey, host: Host) -> Killed:
     """SIGKILL the host's Spark worker with its whole process group; wait for another worker to
-    take its intervals; start a new Spark worker there (the machine back, empty)."""
+    take its intervals; start a new Spark worker there (the machine back, empty) and wait for a
+    continuous worker to run on it again."""
     bed = monkey.bed
     mine, held = held_by(monkey, host)
     began = int(time.time() * 1000)
@@ -310,5 +314,8 @@ def kill_worker_host(monkey: BedMonkey, host: Host) -> Killed:
     wait_for(lambda: not bed.net.pids(host), 10, f"every process on {host.name} to die",
              lambda: "; ".join(f"{p}: {cmdline(p)[:200]}" for p in bed.net.pids(host)))
     taken = taken_from(monkey, mine, held, host)
-    bed.start_worker(host)
-    return Killed(host.name, pids, taken, (began, int(time.time() * 1000)))
+    window = (began, int(time.time() * 1000))
+    bed.start_worker(host)  # Spark runs the lost worker's task on it again
+    wait_for(lambda: any(h == host for h, _ in monkey.workers().values()), 180,
+             f"a continuous worker to run on {host.name} again", monkey.describe)
+    return Killed(host.name, pids, taken, time.time() - began / 1000, window)
