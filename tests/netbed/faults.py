@@ -35,8 +35,8 @@ from ..cluster.test_cluster_oracle import ClusterMonkey
 from .bed import Host
 from .cluster import BedCluster
 
-__all__ = ["BedMonkey", "Cut", "Throttled", "Killed", "Takeover", "cut_worker_link", "throttle_store_link", "kill_worker_host",
-           "every_worker_holds_intervals"]
+__all__ = ["BedMonkey", "Cut", "Throttled", "Killed", "Takeover", "cut_worker_link", "throttle_store_link",
+           "kill_worker_host", "every_worker_holds_intervals"]
 
 COMPUTATIONS = ("Tagger", "Collector", "Windows")
 LEASE_S = 3.0  # continuous mode's lease (docs/architecture.md §4.2)
