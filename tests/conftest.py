@@ -20,7 +20,7 @@ SKIP_POSTGRES = "HEADRACE_SKIP_POSTGRES"
 
 # Test packages whose every test starts a local SparkSession (the JVM), and the README, whose
 # example runs a topology on Spark: marked `spark`, so `-m "not spark"` selects the quick tests.
-SPARK_PACKAGES = ("spark", "chaos", "cluster")
+SPARK_PACKAGES = ("spark", "chaos", "cluster", "netbed")
 SPARK_DOCS = ("README.md",)
 
 

@@ -1,7 +1,8 @@
 """A real PostgreSQL server for the tests, started from the machine's binaries in a temporary
 directory (Debian's ``postgresql`` package; ``.ci/run`` installs it when missing), one per test
 session, with a fresh database per test. ``HEADRACE_TEST_POSTGRES=postgresql://…/postgres`` uses a
-server that is already running instead.
+server that is already running instead. The network test bed (tests/netbed) starts one inside a
+network namespace, listening on that host's address (``address``, ``prefix``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self, admin_url: str | None = None):
+    """``address``: where it listens (clients on that address's subnet are trusted too); ``port``:
+    a fixed one (else a free one); ``prefix``: put before every server command, e.g.
+    ``["ip", "netns", "exec", name]`` to start it on a host of the network test bed."""
+
+    def __init__(self, admin_url: str | None = None, *, address: str = "127.0.0.1", port: int | None = None,
+                 prefix: tuple[str, ...] = ()):
         self.admin_url = admin_url
+        self.address, self.port, self.prefix = address, port, prefix
         self.folder: str | None = None
         self.bin: Path | None = None
 
@@ -51,12 +58,15 @@ class PostgresServer:
         self.folder = tempfile.mkdtemp(prefix="headrace-pg-")
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")
-        port = _free_port()
+        self.port = self.port or _free_port()
         self._run("initdb", "-D", f"{self.folder}/data", "-U", "headrace", "-A", "trust", "-E", "UTF8", "--no-sync")
+        if self.address != "127.0.0.1":
+            with open(f"{self.folder}/data/pg_hba.conf", "a") as hba:
+                hba.write("host all all samenet trust\n")
         self._run("pg_ctl", "-D", f"{self.folder}/data", "-l", f"{self.folder}/server.log", "-w", "-t", "60", "-o",
-                  f"-p {port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+                  f"-p {self.port} -k {self.folder} -c listen_addresses={self.address} -c max_connections=300 "
                   "-c log_line_prefix='%m [%p] %d %a '", "start")
-        self.admin_url = f"postgresql://headrace@127.0.0.1:{port}/postgres"
+        self.admin_url = f"postgresql://headrace@{self.address}:{self.port}/postgres"
         return self
 
     def _run(self, tool: str, *args: str) -> None:
@@ -64,6 +74,7 @@ class PostgresServer:
         command = [str(self.bin / tool), *args]
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root: run it as the postgres user
             command = ["runuser", "-u", "postgres", "--", *command]
+        command = [*self.prefix, *command]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             log = Path(f"{self.folder}/server.log")
@@ -76,7 +87,7 @@ class PostgresServer:
 
         assert self.admin_url is not None
         name = f"headrace_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.admin_url, autocommit=True) as db:
+        with psycopg.connect(self.local_url(self.admin_url), autocommit=True) as db:
             db.execute(f"CREATE DATABASE {name}")
         return self.admin_url.rsplit("/", 1)[0] + f"/{name}"
 
@@ -86,6 +97,13 @@ class PostgresServer:
         runs, prefixed with ``<time> [<backend pid>] <database> <application_name>``)."""
         assert self.folder is not None, "a server this process did not start keeps its log elsewhere"
         return Path(f"{self.folder}/server.log")
+
+    def local_url(self, database_url: str) -> str:
+        """The same database through the server's Unix socket, when this process started the server:
+        reachable from this machine's own network namespace whatever address the server listens on."""
+        if self.folder is None:
+            return database_url
+        return f"postgresql://headrace@/{database_url.rsplit('/', 1)[-1]}?host={self.folder}&port={self.port}"
 
     def stop(self) -> None:
         if self.folder is None:

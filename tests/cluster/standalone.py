@@ -16,13 +16,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["Cluster", "standalone_cluster", "spark_class"]
+__all__ = ["Cluster", "standalone_cluster", "spark_class", "master_command", "worker_command", "spark_env"]
 
 
 def spark_class() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent / "bin" / "spark-class"
+
+
+def spark_env(host: str) -> dict[str, str]:
+    """The environment of a Spark process bound to ``host`` (its JVMs in the foreground, its Python
+    workers on this interpreter)."""
+    return {**os.environ, "SPARK_LOCAL_IP": host, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+
+
+def master_command(host: str, port: int, ui_port: int) -> list[str]:
+    return [str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", host, "--port", str(port),
+            "--webui-port", str(ui_port)]
+
+
+def worker_command(master_url: str, host: str, cores: int, memory: str, ui_port: int, work_dir: Path) -> list[str]:
+    return [str(spark_class()), "org.apache.spark.deploy.worker.Worker", master_url, "--host", host,
+            "--cores", str(cores), "--memory", memory, "--webui-port", str(ui_port), "--work-dir", str(work_dir)]
 
 
 def _free_port() -> int:
@@ -50,9 +66,8 @@ class Cluster:
         """One more worker JVM (in its own process group, with the executors it will launch)."""
         i = len(self.workers)
         out = open(self.logs / f"worker{i}.log", "wb") if self.logs else subprocess.DEVNULL
-        worker = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.worker.Worker", self.url,
-                                   "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
-                                   "--webui-port", str(_free_port()), "--work-dir", str(self.logs or "/tmp")],
+        worker = subprocess.Popen(worker_command(self.url, "127.0.0.1", self.cores, self.memory, _free_port(),
+                                                 self.logs or Path("/tmp")),
                                   env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.workers.append(worker)
         return worker
@@ -73,12 +88,10 @@ class Cluster:
 @contextmanager
 def standalone_cluster(workers: int = 1, cores: int = 1, memory: str = "1g",
                        logs: Path | None = None) -> Iterator[Cluster]:
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           "SPARK_NO_DAEMONIZE": "1"}
+    env = spark_env("127.0.0.1")
     port, ui = _free_port(), _free_port()
     out = (lambda name: open(logs / f"{name}.log", "wb")) if logs else (lambda name: subprocess.DEVNULL)
-    master = subprocess.Popen([str(spark_class()), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui)], env=env, stdout=out("master"),
+    master = subprocess.Popen(master_command("127.0.0.1", port, ui), env=env, stdout=out("master"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     cluster = Cluster(f"spark://127.0.0.1:{port}", ui, env, cores, memory, logs)
     try:

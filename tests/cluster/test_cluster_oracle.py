@@ -64,6 +64,7 @@ class ClusterMonkey(Monkey):
         super().__init__(tmp, store, "strong", n, seed, mode)
         self.survived = 0  # worker kills that the running driver outlived, its pipeline moving on
         self.cluster, self.user_dir = cluster, tmp / "user"
+        self.driver_store = store  # the store's URL as the driver and its workers reach it
         self.user_dir.mkdir()
         (self.user_dir / "userjob").mkdir()
         for name, text in USER_PACKAGE.items():
@@ -73,12 +74,16 @@ class ClusterMonkey(Monkey):
         if self.driver is not None and self.driver.returncode not in (None, 0, -signal.SIGKILL):
             log = (self.user_dir.parent / "drivers.log").read_text()
             raise AssertionError(f"a driver failed (exit {self.driver.returncode}): {log[-4000:]}")
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "USERJOB_N": str(self.n), "PYSPARK_PYTHON": sys.executable}
-        self.driver = subprocess.Popen(
-            [sys.executable, "-m", "headrace.cli", "run", "userjob.job:topology", "--master", self.cluster.url,
-             "--store", self.store, "--mode", self.mode, "--no-dashboard", "--no-ui"],
-            cwd=self.user_dir, env=env, stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
+        self.driver = subprocess.Popen(self.driver_command(), cwd=self.user_dir, env=self.driver_env(),
+                                       stdout=subprocess.PIPE, stderr=self.log, text=True, start_new_session=True)
         return self.driver
+
+    def driver_command(self) -> list[str]:
+        return [sys.executable, "-m", "headrace.cli", "run", "userjob.job:topology", "--master", self.cluster.url,
+                "--store", self.driver_store, "--mode", self.mode, "--no-dashboard", "--no-ui"]
+
+    def driver_env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(ROOT), "USERJOB_N": str(self.n), "PYSPARK_PYTHON": sys.executable}
 
     def committed(self) -> int:
         store = open_store(self.store)

@@ -47,6 +47,8 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str,
         context = TaskContext.get()
         owner = f"{socket.gethostname()}:{os.getpid()}:task{index}.{context.attemptNumber() if context else 0}"
         store = open_store(url, name="headrace-worker")
+        # no lock outlives a lease: cut off mid-commit, a worker's transaction is ended by the server
+        store.limit_idle_transactions(lease_ms)
         store.put_meta(meta.worker(topology, run_id, owner), json.dumps({
             "slot": index, "pid": os.getpid(), "host": socket.gethostname(),
             "stage": context.stageId() if context else None, "partition": context.partitionId() if context else None,

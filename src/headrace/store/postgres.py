@@ -151,6 +151,13 @@ class PostgresStore(SQLStore):
     def _lock_producer(self, producer: str) -> None:
         self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))
 
+    def limit_idle_transactions(self, idle_ms: int) -> None:
+        """Have the server end this connection, rolling its transaction back, once the client has
+        sent nothing for ``idle_ms`` inside a transaction: a client cut off from the server in the
+        middle of a commit then holds its row locks (its shards', the computation's counters) that
+        long, not for as long as its network is down (``idle_in_transaction_session_timeout``)."""
+        self._x("SELECT set_config('idle_in_transaction_session_timeout', ?, false)", (str(idle_ms),))
+
     @property
     def shown_url(self) -> str:
         return _redacted(self.url)

@@ -78,5 +78,9 @@ class SQLiteStore(SQLStore):
             time.sleep(min(pause, left))
             pause = min(pause * 1.5, 0.01)
 
+    def limit_idle_transactions(self, idle_ms: int) -> None:
+        """Nothing to bound: no server holds SQLite's write lock for a client that went silent (a
+        process stopped inside a transaction holds it until it resumes or dies; one machine only)."""
+
     def close(self) -> None:
         self._db.close()

@@ -3,11 +3,16 @@ at once, and the watermark authority's one-query read (docs/architecture.md §4.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import psycopg
 import pytest
 
+from headrace.engine.batch import ShardCommit
 from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
+from headrace.store import open_store
 
 C = "counter"
 
@@ -109,3 +114,43 @@ def test_a_stream_is_declared_with_all_its_producers_at_once(store: Any) -> None
     store.declare_stream("out", *[f"C/{i}" for i in range(3)])
     store.declare_stream("out", "C/2", "inject:out")  # again: nothing doubles
     assert store.stream_producers("out") == ["C/0", "C/1", "C/2", "inject:out"]
+
+
+def test_a_worker_silent_inside_a_commit_holds_its_locks_no_longer_than_its_limit(postgres_server: Any) -> None:
+    """PostgreSQL: a worker cut off from the server in the middle of a commit holds row locks (its
+    shard's, the computation's counters) that every other writer of the computation waits for.
+    With ``limit_idle_transactions`` the server ends its transaction once it has sent nothing for
+    that long, and another worker takes its lapsed intervals while it is still silent; what it was
+    committing is gone (tests/netbed cuts a real link there)."""
+    url = postgres_server.new_database()
+    silent, other = open_store(url), open_store(url)
+    silent.register(C, 2)
+    silent.limit_idle_transactions(300)
+    claims = silent.claim_intervals(C, [0, 1], "silent", 0, 100)
+    inside, woke = threading.Event(), threading.Event()
+
+    def failpoint(step: str) -> None:
+        if step == "before_commit":  # every statement of the commit sent but COMMIT: then silence
+            inside.set()
+            time.sleep(5)
+            woke.set()
+
+    silent.failpoint = failpoint
+    failures: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            silent.commit_shards([ShardCommit(C, 0, 1, 0, claims[0].sequencer, counters={"records": 1},
+                                              positions={"inject:in": 1}, journal_as=f"{C}/0")])
+        except BaseException as exc:  # noqa: BLE001 - what the silent worker gets when it wakes
+            failures.append(exc)
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    assert inside.wait(10)
+    taken = other.claim_intervals(C, [0, 1], "other", 200, 1_000)  # waits for the silent one's shard lock
+    assert sorted(taken) == [0, 1] and not woke.is_set(), "taken only once the silent commit woke"
+    thread.join()
+    assert len(failures) == 1 and isinstance(failures[0], psycopg.errors.IdleInTransactionSessionTimeout), failures
+    assert (other.shard_versions(C), other.counters(C), other.latest_batches([f"{C}/0"])) == ({0: 0, 1: 0}, {}, {})
+    other.close()
