@@ -95,8 +95,8 @@ class meta:
 
     INSTANCE = "instance"  # the store's random id, made once (Spark checkpoints carry it)
     SCHEMA_VERSION = "schema_version"
-    STOP, WORKER = "stop:", "worker:"  # per run: the driver asks a run's workers to stop; a worker's facts
-    RUN_SCOPED = (STOP, WORKER)
+    STOP, WORKER, LOAD = "stop:", "worker:", "load:"  # per run: a stop order; a worker's facts; its load
+    RUN_SCOPED = (STOP, WORKER, LOAD)
 
     @staticmethod
     def mode(topology: str) -> str:
@@ -119,6 +119,11 @@ class meta:
         return f"fences:{computation}"
 
     @staticmethod
+    def layout(computation: str) -> str:
+        """The count of intervals live rebalancing chose for a computation, and the count it was declared with."""
+        return f"layout:{computation}"
+
+    @staticmethod
     def trimmed(stream: str) -> str:
         """What retention forgot of a stream: its window and, per producer, the batches gone."""
         return f"trimmed:{stream}"
@@ -130,6 +135,11 @@ class meta:
     @staticmethod
     def worker(topology: str, run: str, owner: str = "") -> str:
         return f"{meta.WORKER}{topology}:{run}:{owner}"
+
+    @staticmethod
+    def load(topology: str, run: str, owner: str = "") -> str:
+        """A worker's last report of what each of its intervals processed (live rebalancing)."""
+        return f"{meta.LOAD}{topology}:{run}:{owner}"
 
     @staticmethod
     def parse_worker(key: str) -> tuple[str, str, str]:

@@ -99,6 +99,14 @@ class BedMonkey(ClusterMonkey):
                 found[meta.parse_worker(key)[2]] = (host, pid)
         return found
 
+    def moved(self) -> list[tuple[str, int]]:
+        """(interval, when) of every interval the driver's rebalancer moved to another worker."""
+        store = open_store(self.store)
+        try:
+            return [(e.name, e.at) for e in store.events(kinds=["rebalanced"])]
+        finally:
+            store.close()
+
     def fenced(self) -> list[dict[str, Any]]:
         """Every commit of a worker that was refused (``events`` of kind ``fenced``): interval, at, owner, ..."""
         store = open_store(self.store)

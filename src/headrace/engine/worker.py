@@ -60,7 +60,8 @@ class Worker:
 
     def __init__(self, store: IntervalStore, plans: list[IntervalPlan], owner: str, slot: int, slots: int, *,
                  lease_ms: int = 3_000, idle_ms: float = 250.0, clock: Callable[[], int] = wall_clock_ms,
-                 on_fenced: Callable[[str, int, Exception], None] | None = None, discover_ms: int = 1_000):
+                 on_fenced: Callable[[str, int, Exception], None] | None = None, discover_ms: int = 1_000,
+                 on_load: Callable[[dict[str, list[int]]], None] | None = None):
         self.store, self.plans, self.owner = store, plans, owner
         self.slot, self.slots = slot, slots
         self.lease_ms, self.idle_s, self.clock, self.discover_ms = lease_ms, idle_ms / 1000, clock, discover_ms
@@ -79,6 +80,8 @@ class Worker:
         self.fenced: list[tuple[str, int, str]] = []  # (computation, interval, error) it lost by being fenced
         self.fences: dict[str, tuple[Fence, ...]] = {p.name: () for p in plans}
         self.on_fenced = on_fenced
+        self.on_load = on_load  # told, once a lease round, what each interval processed since the last
+        self._load: dict[str, list[Any]] = {}  # "C/i" -> [records, a few of its keys]
         for plan in plans:
             if plan.routing.subscribers:
                 store.register_plan(plan.routing.id, plan.routing.routes)
@@ -105,13 +108,17 @@ class Worker:
             groups = self.groups[plan.name]
             for shard in [s for s, o in groups.owned.items() if held.get((plan.name, s)) != o.claim.sequencer]:
                 groups.discard(shard)
+        self._report_load()
         patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
         free = self.store.claimable([p.name for p in self.plans], self.owner, now)
         took = False
         for plan in self.plans:
             groups = self.groups[plan.name]
+            # the free ones it may take, and those the driver moved to it (``reassign``: its own already)
+            given = [s for (c, s) in held if c == plan.name and s not in groups.owned]
             wanted = [s for s in free.get(plan.name, ())
                       if s not in groups.owned and s < plan.options.shards and (patient or self._prefers(plan.name, s))]
+            wanted = sorted({*wanted, *given})
             if not wanted:
                 continue
             claims = self.store.claim_intervals(plan.name, wanted, self.owner, now, until)
@@ -219,8 +226,24 @@ class Worker:
                 owned.claim = owned.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
                 owned.since = owned.since or batch.batch
                 group.top = max(group.top, batch.watermark_after)
+                self._count(plan.name, owned.shard, batch)
         self._moved(moved)
         return True
+
+    def _count(self, computation: str, shard: int, batch: ShardBatch) -> None:
+        """What an interval processed, for the driver's rebalancing: records, and up to two keys."""
+        load = self._load.setdefault(interval(computation, shard), [0, set()])
+        load[0] += len(batch.records) + sum(p.records for p in batch.partials)
+        keys = load[1]
+        for key in (*(r.key for r in batch.records[:4]), *(p.key for p in batch.partials[:4])):
+            if len(keys) >= 2:
+                break
+            keys.add(key)
+
+    def _report_load(self) -> None:
+        if self.on_load is not None and self._load:
+            self.on_load({name: [records, len(keys)] for name, (records, keys) in self._load.items()})
+        self._load = {}
 
     def _moved(self, moved: list[tuple[IntervalPlan, Group, dict[str, int], int]]) -> None:
         for plan, group, target, watermark in moved:

@@ -18,20 +18,22 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from ..engine.worker import IntervalPlan, Worker
-from ..errors import FencedWriterError, UserCodeError
+from ..errors import FencedWriterError, OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import record_fenced
 from ..names import CONTINUOUS, interval, meta
-from ..plans import interval_plans, retired_producers
+from ..engine.routing import RoutingPlan
+from ..plans import interval_plans, producers_of, retired_producers, routing_plan, shards_of
 from ..store import open_store
 from ..topology import Topology
 from .driver import Driver, RunResult, check_start
 from .inject import DataFrameInjector
 from .progress import start_progress
 from .query import QueryStats, failure_detail
+from .rebalancing import Rebalancer
 
 __all__ = ["ContinuousRunner", "RunResult"]
 
@@ -40,7 +42,7 @@ STOP_CHECK_S = 1.0  # how often a worker looks whether its run should stop (one 
 
 
 def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str, run_id: str, driver_id: str,
-                 lease_ms: int) -> Any:
+                 lease_ms: int) -> Any:  # noqa: C901 - the task's closures are its parts
     def task(index: int, _: Iterator[Any]) -> Iterator[str]:
         from pyspark import TaskContext
 
@@ -71,8 +73,17 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str,
         def fenced(computation: str, shard: int, exc: Exception) -> None:
             record_fenced(store, interval(computation, shard), run_id, owner, exc)
 
+        reported = {"at": int(time.time() * 1000)}
+
+        def load(intervals: dict[str, list[int]]) -> None:  # what the rebalancer reads
+            now = int(time.time() * 1000)
+            store.put_meta(meta.load(topology, run_id, owner),
+                           json.dumps({"since": reported["at"], "at": now, "intervals": intervals}))
+            reported["at"] = now
+
         try:
-            Worker(store, plans, owner, index, slots, lease_ms=lease_ms, on_fenced=fenced).run(should_stop)
+            Worker(store, plans, owner, index, slots, lease_ms=lease_ms, on_fenced=fenced,
+                   on_load=load).run(should_stop)
         finally:
             store.close()
         yield owner
@@ -88,7 +99,8 @@ class ContinuousRunner(Driver):
                  progress: TextIO | None = None, progress_every_s: float = 5.0, lease_ms: int = 3_000,
                  workers: int | None = None, authority_every_ms: int = 100, metrics_port: int | None = None,
                  ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False,
-                 checkpoint_dir: str | None = None, trigger_ms: int = 200, retention_ms: int | None = None):
+                 checkpoint_dir: str | None = None, trigger_ms: int = 200, retention_ms: int | None = None,
+                 rebalance: bool = True, rebalance_every_s: float = 5.0):
         super().__init__(topology, store, master, spark=spark, progress=progress, progress_every_s=progress_every_s,
                          metrics_port=metrics_port, ui=ui, py_files=py_files, progress_queries=progress_queries,
                          checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms, retention_ms=retention_ms)
@@ -100,19 +112,42 @@ class ContinuousRunner(Driver):
         self._authority: threading.Thread | None = None
         self._marks: dict[str, tuple[int, int]] = {}
         self.retired: dict[str, tuple[str, ...]] = {}
+        self.rebalance, self.rebalance_every_s = check_rebalance(rebalance), rebalance_every_s
+        self.layouts: dict[str, int] = {}  # each computation's intervals now (rebalancing changes them)
+        self.rebalancer: Rebalancer | None = None
+        self._changing = threading.Lock()  # one change of the workers' job at a time
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def _declare(self) -> None:
         for spec in list(self.topology.computations.values()):
-            self.store.register(spec.name, spec.options.shards, CONTINUOUS)
+            # a layout the rebalancer chose stays: a restarted driver does not undo what its
+            # predecessor split, unless the topology now declares another count (a rescale between runs)
+            chosen = json.loads(self.store.get_meta(meta.layout(spec.name)) or "{}") if self.rebalance else {}
+            rebalanced = chosen.get("shards") if chosen.get("declared") == spec.options.shards else None
+            shards = self.layouts.get(spec.name, rebalanced or spec.options.shards)
+            self.layouts[spec.name] = shards
+            self.store.register(spec.name, shards, CONTINUOUS)
         self.retired = retired_producers({s: self.store.stream_producers(s) for s in self.topology.streams()},
-                                         self.topology)
+                                         self.topology, self.layouts)
         super()._declare()
+
+    def producers(self, stream: str) -> list[str]:
+        return producers_of(self.topology, stream, self.mode, self.layouts)
+
+    def routing(self, streams: frozenset[str] | None = None) -> RoutingPlan:
+        running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
+        return routing_plan(self.topology, streams, running, self.layouts)
 
     def _start_computations(self) -> None:
         self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
         self._job.start()
+        if self.rebalance:
+            declared = {n: s.options.shards for n, s in self.topology.computations.items()}
+            self.rebalancer = Rebalancer(self.url, self.topology.name, lambda: self.run_id,
+                                         lambda: {n: c for n, c in self.layouts.items() if n not in self.removed},
+                                         declared, self.lease_ms, self.rescale, self.errors.append,
+                                         self.rebalance_every_s).start()
         self._authority = threading.Thread(target=self._run_authority, name="headrace-watermark-authority",
                                            daemon=True)
         self._authority.start()
@@ -168,16 +203,32 @@ class ContinuousRunner(Driver):
 
     def _parts(self, name: str) -> list[str]:
         """The bus producers of computation ``name``'s intervals."""
-        return [interval(name, i) for i in range(self.topology.computation(name).options.shards)]
+        return [interval(name, i) for i in range(shards_of(self.topology, name, self.layouts))]
 
-    def _restart_job(self) -> None:
+    def rescale(self, name: str, shards: int) -> None:
+        """Give computation ``name`` ``shards`` intervals while the topology runs: the workers' job
+        stops, the store re-partitions the keys (``store/rescale.py``), the injectors route for the
+        new layout, and the job starts again; every interval resumes from its commits."""
+        def change() -> None:
+            self.layouts[name] = shards
+            declared = self.topology.computation(name).options.shards
+            self.store.put_meta(meta.layout(name), json.dumps({"declared": declared, "shards": shards}))
+            self._declare()
+            for injector in self.injectors.values():
+                injector.plan = self.routing(frozenset({injector.stream}))
+        self._restart_job(change)
+
+    def _restart_job(self, change: Callable[[], None] | None = None) -> None:
         if self._job is None:
             return
-        old, self.run_id = self.run_id, uuid.uuid4().hex[:12]  # first: the old job's loop ends, not resubmits
-        self.store.put_meta(meta.stop(self.topology.name, old), "1")
-        self._job.join(timeout=30)
-        self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
-        self._job.start()
+        with self._changing:
+            old, self.run_id = self.run_id, uuid.uuid4().hex[:12]  # first: the old job's loop ends, not resubmits
+            self.store.put_meta(meta.stop(self.topology.name, old), "1")
+            self._job.join(timeout=30)
+            if change is not None:
+                change()
+            self._job = threading.Thread(target=self._run_job, name="headrace-continuous-job", daemon=True)
+            self._job.start()
 
     def slots(self) -> int:
         """Worker slots: the cluster's task slots less one per streaming-DataFrame injector and one
@@ -192,7 +243,7 @@ class ContinuousRunner(Driver):
     def _run_job(self) -> None:
         sc = self.spark.sparkContext
         running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
-        plans = interval_plans(self.topology, self.retired, running)
+        plans = interval_plans(self.topology, self.retired, running, self.layouts)
         run_id = self.run_id
         failures: list[float] = []
         while not self._stopping.is_set() and run_id == self.run_id:
@@ -223,6 +274,8 @@ class ContinuousRunner(Driver):
 
     def _stop_computations(self) -> None:
         self._stopping.set()
+        if self.rebalancer is not None:
+            self.rebalancer.stop()
         self.store.put_meta(meta.stop(self.topology.name, self.run_id), "1")
         if self._job is not None:
             self._job.join(timeout=15)
@@ -283,6 +336,13 @@ class ContinuousRunner(Driver):
         marks = {p: (i.watermark, i.watermark) for p, i in self.injectors.items()}
         marks.update(self._marks)
         return marks
+
+
+def check_rebalance(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise OptionError("rebalance must be True or False", got=value,
+                          hint="rebalance=False keeps every interval where it is claimed and every layout as declared")
+    return value
 
 
 def _job_error(exc: BaseException) -> UserCodeError:

@@ -35,6 +35,7 @@ class DataFrameInjector:
         self.stream, self.df, self.producer, self.url = injection.stream, injection.source, producer, url
         self.schema, self.plan = schema, plan
         self._since: int | None = None
+        self._plan: RoutingPlan | None = None
         options = injection.options  # checked by Topology.inject
         self.ts_column = options.timestamp
         self.id_column = options.id
@@ -85,8 +86,8 @@ class DataFrameInjector:
         watermark = BEGINNING_OF_TIME if self._high is None else self._high - self.max_delay_ms
         store = open_store(self.url)
         try:
-            if self._since is None:
-                self._since = batch_id + 1
+            if self._since is None or self._plan is not self.plan:  # the first batch, or a new plan (a rescale)
+                self._since, self._plan = batch_id + 1, self.plan
                 if self.plan.subscribers:
                     store.register_plan(self.plan.id, self.plan.routes)
             self.published += publish_injected(store, self.producer, batch_id + 1, self.stream, records, watermark,

@@ -57,15 +57,17 @@ class InjectorThread(threading.Thread):
                 self.watermark = END_OF_TIME
                 self.finished.set()
                 return
-            if self.plan.subscribers:
-                store.register_plan(self.plan.id, self.plan.routes)
-            since = batch + 1
+            since, plan = batch + 1, None
             for injected in self.injector.batches(store.checkpoint(self.producer)):
                 if self.stopping.is_set():
                     return
                 batch += 1
+                if plan is not self.plan:  # the first batch, or a plan the driver changed (a rescale)
+                    plan, since = self.plan, batch
+                    if plan.subscribers:
+                        store.register_plan(plan.id, plan.routes)
                 self.published += publish_injected(store, self.producer, batch, self.stream, injected.records,
-                                                   injected.watermark, injected.checkpoint, self.schema, self.plan,
+                                                   injected.watermark, injected.checkpoint, self.schema, plan,
                                                    since)
                 self.watermark = max(self.watermark, injected.watermark)
             self.finished.set()

@@ -100,6 +100,16 @@ class IntervalQueries(Rescaling, BusQueries):
             out.setdefault(str(c), []).append(int(s))
         return out
 
+    def reassign(self, computation: str, shard: int, owner: str, lease_until: int) -> int:
+        """Give interval ``shard`` to ``owner`` (live rebalancing, the driver's move) under a new
+        sequencer, whoever holds it: its holder's next commit is refused and its next renewal drops
+        it, and ``owner`` finds it among its renewed leases and takes it. Returns the sequencer."""
+        with self._transaction():
+            sequencer = self._next_sequencer(computation)
+            self._x("UPDATE shards SET sequencer = ?, owner = ?, lease_until = ? WHERE computation = ? AND shard = ?",
+                    (sequencer, owner, lease_until, computation, shard))
+        return sequencer
+
     def release_intervals(self, computation: str, sequencers: dict[int, int]) -> None:
         """Free the intervals still held under these sequencers (a worker on its way out)."""
         with self._transaction():
