@@ -188,8 +188,9 @@ def test_a_worker_paused_past_its_lease_loses_its_intervals_and_its_writes_are_r
     store = opened(each_store)
     paused: int | None = None
     with worker_environment(spark, HEADRACE_FAILPOINTS=f"begin=sleep:{FAILPOINT_MS}:{marks}"):
+        # rebalance=False: a move fences its interval's holder too (tests/spark/test_rebalancing.py)
         runner = ContinuousRunner(topology, each_store, spark=spark, progress=None, lease_ms=LEASE_MS,
-                                  progress_queries=False).start()  # both slots for workers
+                                  progress_queries=False, rebalance=False).start()  # both slots for workers
         try:
             rows = poll(lambda: (r := worker_rows(store, runner.topology.name, runner.run_id)) and len(r) == 2 and r, "2 workers",
                         runner=runner)

@@ -168,19 +168,26 @@ class IntervalQueries(Rescaling, BusQueries):
         """Each producer's last journaled batch, its routing plan and its output watermark: for a
         key interval, raised to its quiet report's when it committed nothing since (the report then
         speaks for the same batch; an interval quiet since it began is at batch 0). Absent: nothing
-        journaled or reported yet."""
-        heads = self.journal_heads_of(producers)
+        journaled or reported yet.
+
+        The reports are read before the journal: a producer that commits and reports again between
+        the two reads then shows a newer batch with an older watermark, which still holds (read the
+        other way round, an older batch would show a newer watermark, and its consumers would take
+        the records of the batches in between for late)."""
         by_computation: dict[str, list[int]] = {}
         for p in producers:
             parsed = parse_producer(p)
             if parsed.kind == "interval":
                 by_computation.setdefault(parsed.name, []).append(int(parsed.part))  # type: ignore[arg-type]
+        quiet: dict[str, int] = {}
         for computation, shards in by_computation.items():
             condition, param = self._in_list("shard", sorted(set(shards)))
             for shard, (_, _, out) in self._quiet_marks(computation, condition, param).items():
-                name = interval(computation, shard)
-                head = heads.get(name, Head(0, out))
-                heads[name] = head._replace(output_watermark=max(out, head.output_watermark))
+                quiet[interval(computation, shard)] = out
+        heads = self.journal_heads_of(producers)
+        for name, out in quiet.items():
+            head = heads.get(name, Head(0, out))
+            heads[name] = head._replace(output_watermark=max(out, head.output_watermark))
         return heads
 
     def low_watermarks(self, computation: str) -> tuple[int, int]:

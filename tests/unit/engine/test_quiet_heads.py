@@ -1,0 +1,55 @@
+"""A consumer's view of a key interval's head: its last journaled batch, with the output
+watermark raised by its owner's quiet report. The two are read apart, so a producer may commit
+and report again in between; the head must still keep the watermark's promise (no record after
+the head's batch is older than the head's watermark), or its consumers take records for late."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from headrace.names import interval as interval_producer
+from headrace.store import open_store
+
+from .test_worker import SHARDS, Clock, publish, store, workers  # noqa: F401 - store: the fixture
+
+
+def test_a_head_read_while_its_producer_commits_and_reports_keeps_the_watermark_promise(
+        store: Any, tmp_path: Path) -> None:
+    clock = Clock()
+    owner, _ = workers(store, clock)
+    clock.now += 10_000  # past a newcomer's patience: it takes every interval
+    owner.maintain_leases()
+    assert len(owner.owned["CountWords"]) == SHARDS
+    publish(store, 1, 0, 60, 1_060)
+    while owner.step():
+        pass
+
+    consumer = open_store(f"sqlite:///{tmp_path}/store.db")
+    producers = [interval_producer("CountWords", i) for i in range(SHARDS)]
+    raced: list[str] = []
+
+    def then_race(name: str) -> None:  # whichever read comes first, the producer moves right after it
+        real: Callable[..., Any] = getattr(consumer, name)
+
+        def read(*args: Any) -> Any:
+            out = real(*args)
+            if not raced:
+                raced.append(name)
+                publish(store, 2, 60, 120, 1_120)
+                while owner.step():
+                    pass
+            return out
+        setattr(consumer, name, read)
+
+    then_race("journal_heads_of")
+    then_race("_quiet_marks")
+    heads = consumer.producer_heads(producers)
+    assert raced, "the producer moved between the two reads"
+    for producer in producers:
+        head = heads[producer]
+        later = [r.timestamp for _, r in consumer.read_segments("counted", producer, head.batch, 1 << 30)]
+        assert all(ts >= head.output_watermark for ts in later), (
+            f"{producer}'s head is batch {head.batch} with watermark {head.output_watermark}, yet a later "
+            f"batch has records at {sorted(later)[:3]} (raced after {raced[0]})")
+    consumer.close()
