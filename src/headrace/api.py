@@ -28,8 +28,8 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     as soon as its producer commits; ``mode="microbatch"`` runs a Structured Streaming query per
     computation, each batch a Spark job (docs/architecture.md §4). Returns a ``RunResult`` once every computation
     has drained, when all injectors are bounded; otherwise runs until stopped (Ctrl-C). Running
-    again with the same store resumes. ``retention_ms`` bounds how long committed segments of
-    every stream are kept (micro-batch mode). ``metrics_port`` serves Prometheus metrics on
+    again with the same store resumes. ``retention_ms`` (either mode) is how long a stream's
+    segments are kept for replay once every reader has read them (``Topology.stream`` sets it per stream). ``metrics_port`` serves Prometheus metrics on
     ``http://<driver>:<port>/metrics`` while it runs (0: a free port; None, the default: none).
     ``dashboard_port`` serves the web dashboard on 127.0.0.1 at that port (0: any free port) while
     the run lasts and prints its URL to ``progress``; ``None`` (the default) opens no port.

@@ -16,11 +16,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 __all__ = [
-    "MODES", "MICROBATCH", "CONTINUOUS", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
+    "MODES", "MICROBATCH", "CONTINUOUS", "REBALANCED", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
     "id_prefix", "id_sequence", "meta",
 ]
 
 MICROBATCH, CONTINUOUS = "microbatch", "continuous"
+REBALANCED = "rebalanced"  # the kind of the events that record live rebalancing's decisions
 MODES = (MICROBATCH, CONTINUOUS)
 
 _INJECT = "inject:"

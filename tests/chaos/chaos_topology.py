@@ -127,13 +127,40 @@ def build(n: int, productions: str = "strong", rate: float = 400, monoids: bool 
     return t
 
 
+def churn(runner: Any, plan: str, every_s: float, stop: Any) -> None:
+    """Rescale computations of a running topology, one after another, as live rebalancing does:
+    ``plan`` is ``Name:n,m;Other:k,...`` (each computation's counts, taken in turn, round and round)."""
+    steps = [(name, int(n)) for part in plan.split(";") for name, counts in [part.split(":")]
+             for n in counts.split(",")]
+    i = 0
+    while not stop.wait(every_s):
+        name, shards = steps[i % len(steps)]
+        runner.rescale(name, shards)
+        i += 1
+
+
 if __name__ == "__main__":
+    import os
+    import threading
+
     from headrace import run
+    from headrace.spark.continuous import ContinuousRunner
 
     store, checkpoints, productions, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     mode = sys.argv[5] if len(sys.argv) > 5 else "microbatch"
     monoids = sys.argv[6:] == ["monoids"]
-    if mode == "continuous":  # local[2,100]: Spark retries a killed worker's task, as on a cluster
+    rescales = os.environ.get("HEADRACE_TEST_RESCALES")
+    if mode == "continuous" and rescales:  # splits and merges while it runs, as the rebalancer makes them
+        runner = ContinuousRunner(build(n, productions, monoids=monoids), store, "local[2,100]", progress=None,
+                                  rebalance=False).start()
+        stop = threading.Event()
+        threading.Thread(target=churn, args=(runner, rescales, 4.0, stop), daemon=True).start()
+        try:
+            runner.wait()
+        finally:
+            stop.set()
+            runner.stop()
+    elif mode == "continuous":  # local[2,100]: Spark retries a killed worker's task, as on a cluster
         run(build(n, productions, monoids=monoids), store=store, master="local[2,100]", progress=None, mode=mode)
     else:
         run(build(n, productions, monoids=monoids), store=store, master="local[2,100]", checkpoint_dir=checkpoints,

@@ -92,8 +92,10 @@ def continuous_workers(store_url: str, driver: int) -> list[int]:
 
 class Monkey:
     def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int, mode: str = "microbatch",
-                 monoids: bool = False):
-        self.mode, self.monoids = mode, monoids
+                 monoids: bool = False, rescales: str | None = None):
+        self.mode, self.monoids, self.rescales = mode, monoids, rescales
+        self.rescaling = tmp / "rescaling"  # a driver inside a rescale's transaction leaves its pid here
+        self.rescaling.mkdir()
         self.store = store
         self.checkpoints = str(tmp / "checkpoints")
         self.marks = tmp / "marks"
@@ -107,6 +109,9 @@ class Monkey:
     def start_driver(self) -> subprocess.Popen[str]:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
                "HEADRACE_FAILPOINTS": f"before_commit=sleep:150:{self.marks}"}
+        if self.rescales:  # live rescales, each one's transaction long enough to be killed in
+            env["HEADRACE_TEST_RESCALES"] = self.rescales
+            env["HEADRACE_FAILPOINTS"] += f";rescale=sleep:1500:{self.rescaling}"
         self.driver = subprocess.Popen([sys.executable, str(SCRIPT), self.store, self.checkpoints, self.productions,
                                         str(self.n), self.mode, *(["monoids"] if self.monoids else [])], env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                        start_new_session=True)
@@ -155,6 +160,21 @@ class Monkey:
             time.sleep(0.01)
         return False
 
+    def kill_mid_rescale(self, wait_s: float = 15.0) -> bool:
+        """SIGKILL the driver (its whole process group) while it is inside a rescale's transaction."""
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            for mark in self.rescaling.iterdir():
+                mark.unlink(missing_ok=True)
+                if self.driver is not None and self.driver.poll() is None:
+                    os.killpg(self.driver.pid, signal.SIGKILL)
+                    self.driver.wait()
+                    self.kills["rescale"] += 1
+                    self.start_driver()
+                    return True
+            time.sleep(0.01)
+        return False
+
     def run(self, kills: int, timeout_s: float, kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit")) -> None:
         """Kill ``kills`` times: each kind in ``kinds`` once, in order (a kill that found nothing to kill
         is tried again), then kinds drawn at random; then let the pipeline drain."""
@@ -176,6 +196,9 @@ class Monkey:
             elif kind == "worker":
                 self.kill_worker()
                 time.sleep(self.rng.uniform(0.5, 2))
+            elif kind == "rescale":
+                self.kill_mid_rescale()
+                time.sleep(self.rng.uniform(6, 10))
             else:
                 self.kill_mid_commit()
                 time.sleep(self.rng.uniform(0.3, 1.5))
@@ -235,8 +258,8 @@ class Monkey:
 
 def chaos(tmp_path: Path, store: str, kills: int, n: int, productions: str = "strong", seed: int = 7,
           kinds: tuple[str, ...] = ("driver", "worker", "commit", "commit"), mode: str = "microbatch",
-          monoids: bool = False) -> Monkey:
-    monkey = Monkey(tmp_path, store, productions, n, seed, mode, monoids)
+          monoids: bool = False, rescales: str | None = None) -> Monkey:
+    monkey = Monkey(tmp_path, store, productions, n, seed, mode, monoids, rescales)
     try:
         monkey.run(kills, timeout_s=60 * 25, kinds=kinds)
     finally:
@@ -260,6 +283,17 @@ def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
     # drain after the fourth); the long run below makes 24
     monkey = chaos(tmp_path, store_url, kills=3, n=6_000, mode=mode)
     assert sum(monkey.kills.values()) == 3 and set(monkey.kills) == set(KINDS), monkey.kills
+    assert monkey.divergence() == Divergence()
+
+
+@pytest.mark.parametrize("kills", [pytest.param(3, id="short"), pytest.param(12, id="long", marks=pytest.mark.slow)])
+def test_chaos_rescaling_while_running(tmp_path: Path, store_url: str, kills: int) -> None:
+    """Splits and merges of a running continuous topology (Tagger 3 -> 6 -> 3, Collector 2 -> 4 -> 2,
+    the workers' job restarted for each, as live rebalancing does), with the driver SIGKILLed inside
+    a rescale's transaction, workers and commits killed in between: the outputs equal the oracle."""
+    monkey = chaos(tmp_path, store_url, kills=kills, n=9_000, seed=13, mode="continuous",
+                   kinds=("rescale", "worker", "commit", "driver"), rescales="Tagger:6,3;Collector:4,2")
+    assert monkey.kills["rescale"] >= 1 and sum(monkey.kills.values()) == kills, monkey.kills
     assert monkey.divergence() == Divergence()
 
 

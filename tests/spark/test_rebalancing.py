@@ -13,7 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from headrace import Computation, Topology, injectors, key_by, read
+from headrace import Computation, Topology, injectors, key_by, read, status
+from headrace.monitor.show import status_text
 from headrace.names import meta
 from headrace.spark.continuous import ContinuousRunner
 from headrace.spark.rebalancing import REBALANCED
@@ -90,3 +91,6 @@ def test_a_hot_interval_is_split_and_its_halves_spread_over_the_workers(spark: A
     assert got == dict(Counter(event(i)["key"] for i in range(count)))
     assert store.computations()["CountPerKey"] >= 4
     store.close()
+    shown = status(url)  # what the rebalancer did shows in headrace status (and the dashboard, which reads it)
+    assert any(d["kind"] == "rescale" and d["new"] >= 4 for d in shown["rebalanced"]), shown["rebalanced"]
+    assert "rescaled CountPerKey from 2 to 4 intervals" in status_text(shown)

@@ -71,6 +71,7 @@ class Worker:
         self.dedup = DedupCache()
         self.started = clock()
         self._leases_checked = 0
+        self._free_checked: int | None = None
         self._wall_due: int | None = None  # its intervals' next wall timer (None: look it up)
         self._discovered = 0
         self._marks: dict[tuple[str, int], int] = {}
@@ -110,7 +111,11 @@ class Worker:
                 groups.discard(shard)
         self._report_load()
         patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
-        free = self.store.claimable([p.name for p in self.plans], self.owner, now)
+        # what is free or lapsed, every third of a lease (a renewal alone finds what the driver moved to it)
+        free: dict[str, list[int]] = {}
+        if self._free_checked is None or now - self._free_checked >= self.lease_ms // 3:
+            self._free_checked = now
+            free = self.store.claimable([p.name for p in self.plans], self.owner, now)
         took = False
         for plan in self.plans:
             groups = self.groups[plan.name]
@@ -155,7 +160,7 @@ class Worker:
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Passes while there is work; between them, sleep until a producer it reads commits, its
         leases need renewing, or one of its wall timers falls due."""
-        renew_every = self.lease_ms // 3
+        renew_every = self.lease_ms // 6  # a lease survives five missed renewals; a moved interval waits half a second
         self.store.wait_for_commits(self.channels(), 0)  # told of commits from now on
         woken = True
         try:

@@ -38,6 +38,10 @@ def status_text(status: dict[str, Any]) -> str:
                      f"{s['late_dropped']:>4}/{s['late_delivered']:<4} {s['dead_letters']:>5}  {owners}")
         if s["last_error"]:
             lines.append(f"  last error: {s['last_error']['message']}")
+    for d in status.get("rebalanced", [])[:5]:
+        what = (f"moved {d['computation']}/{d['shard']} from {d['source']} to {d['target']}" if d["kind"] == "move"
+                else f"rescaled {d['computation']} from {d['old']} to {d['new']} intervals")
+        lines.append(f"rebalanced at {show_mark(d['at'])}: {what}")
     for alert in status["alerts"]:
         lines.append(f"ALERT {alert['stage']}: watermark {_ms(alert['lag_ms'])} behind the wall clock "
                      f"(alert_lag_ms={alert['threshold_ms']}) since {show_mark(alert['raised_at'])}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..names import CONTINUOUS, interval, meta
+from ..names import CONTINUOUS, REBALANCED, interval, meta
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..store import Store, open_store
 from ..store.monitoring import WHOLE_COMPUTATION
@@ -60,7 +60,14 @@ def status_of(db: Store, now_ms: int | None = None) -> dict[str, Any]:
         stage["last_error"] = errors.get(stage["name"])
         stage["alert"] = alerts.get(stage["name"])
     return {"store": db.shown_url, "now_ms": now, "recent_ms": RECENT_MS, "topologies": topologies,
-            "stages": stages, "alerts": list(alerts.values())}
+            "stages": stages, "alerts": list(alerts.values()), "rebalanced": rebalanced(db)}
+
+
+def rebalanced(db: Store, last: int = 20) -> list[dict[str, Any]]:
+    """The rebalancer's last decisions, newest first: moves of an interval from one worker to
+    another, and rescales of a computation (docs/architecture.md §4.2, "Rebalancing")."""
+    events = db.events(kinds=[REBALANCED])[-last:]
+    return [{"at": e.at, **json.loads(e.detail)} for e in reversed(events)]
 
 
 def progress_of(db: Store, name: str, now: int | None = None) -> dict[str, int | None]:

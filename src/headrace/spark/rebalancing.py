@@ -23,12 +23,10 @@ import time
 from typing import Any, Callable
 
 from ..engine.balance import Balancer, IntervalLoad, Move, Rescale
-from ..names import meta, parse_producer
+from ..names import REBALANCED, meta, parse_producer
 from ..store import open_store
 
 __all__ = ["Rebalancer", "REBALANCED"]
-
-REBALANCED = "rebalanced"  # the kind of the events that record each decision
 
 
 class Rebalancer:

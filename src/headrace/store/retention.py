@@ -8,6 +8,10 @@
 - A producer's journal rows go with its segments, past every consumer and the window, except its
   last one (consumers and the authority read a producer's head).
 - The quiet reports of sequencers no interval holds any more go.
+- The journal is compacted: a row goes once it is older than the monitoring horizon
+  (``JOURNAL_KEEP_MS``), unless it is its producer's last, a batch whose segments are kept, or at
+  or past a reader's position. That bounds the watermark authority's rows (one per change) and the
+  rows of interval commits that wrote nothing to the bus.
 
 What was trimmed is remembered (``meta.trimmed(stream)``), so that a replay from before the window
 is refused with an error that names it rather than reading less than was asked for.
@@ -23,7 +27,9 @@ from ..names import CONTINUOUS, meta
 from .intervals import IntervalQueries
 from .monitoring import WHOLE_COMPUTATION
 
-__all__ = ["RetentionQueries", "Trimmed"]
+__all__ = ["RetentionQueries", "Trimmed", "JOURNAL_KEEP_MS"]
+
+JOURNAL_KEEP_MS = 15 * 60_000  # as long as monitoring looks back (its samples are kept as long)
 
 
 class Trimmed(NamedTuple):
@@ -31,6 +37,7 @@ class Trimmed(NamedTuple):
     segments: int
     batches: int
     reports: int
+    journal: int = 0
 
 
 class RetentionQueries(IntervalQueries):
@@ -89,7 +96,30 @@ class RetentionQueries(IntervalQueries):
         reports = int(self._x("DELETE FROM interval_groups WHERE NOT EXISTS (SELECT 1 FROM shards s WHERE "
                               "s.computation = interval_groups.computation AND s.sequencer = interval_groups.sequencer)"
                               ).rowcount)
-        return Trimmed(routes, segments, batches, reports)
+        journal = self._compact_journal(readers, through, now - JOURNAL_KEEP_MS)
+        return Trimmed(routes, segments, batches, reports, journal)
+
+    def _compact_journal(self, readers: Mapping[str, Mapping[str, Sequence[str]]],
+                         through: Mapping[str, Mapping[str, int]], before: int) -> int:
+        """Journal rows completed before ``before`` that nobody needs (the module's docstring)."""
+        read: dict[str, int] = {}  # per producer someone reads, the slowest reader's position
+        for consumer, streams in readers.items():
+            for producer in {p for ps in streams.values() for p in ps}:
+                read[producer] = min(read.get(producer, 1 << 62), through[consumer].get(producer, 0))
+        unneeded = ("completed_at < ? AND batch < (SELECT MAX(batch) FROM batches last WHERE last.producer = "
+                    "batches.producer) AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.producer = batches.producer "
+                    "AND s.batch = batches.batch)")
+        gone = 0
+        for producer, position in sorted(read.items()):
+            if position > 1:
+                gone += int(self._x(f"DELETE FROM batches WHERE producer = ? AND batch < ? AND {unneeded}",
+                                    (producer, position, before)).rowcount)
+        if read:
+            condition, param = self._in_list("producer", sorted(read))
+            gone += int(self._x(f"DELETE FROM batches WHERE NOT ({condition}) AND {unneeded}", (param, before)).rowcount)
+        else:
+            gone += int(self._x(f"DELETE FROM batches WHERE {unneeded}", (before,)).rowcount)
+        return gone
 
     def _trimmed(self, stream: str) -> dict[str, int]:
         text = self._get_meta(meta.trimmed(stream))

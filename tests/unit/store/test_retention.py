@@ -151,3 +151,30 @@ def test_a_stream_without_a_window_keeps_its_segments_and_dead_reports_go(bus: A
     store.claim_intervals("Fast", [0, 1, 2], "another", clock(), clock() + 10**9)  # new sequencers
     assert store.trim(readers(t), {"events": None}, clock()).reports >= 1
     assert rows(store, "interval_groups") < reports
+
+
+def test_the_journal_keeps_each_producers_head_its_bus_rows_and_a_quarter_hour(bus: Any) -> None:
+    """Rows nothing reads go: the watermark authority's (one per change) and the commits of
+    intervals that wrote no segment, once older than the monitoring horizon; each producer's last
+    row stays, and so does every row of a batch whose segments are kept or a reader has not read."""
+    store, t, plan, clock = bus
+    fast = worker(store, t, "Fast", clock)
+    for batch in range(1, 5):
+        publish(store, plan, batch, clock)
+        fast.step()
+        store.complete_batch("Fast", batch, batch * 100, batch * 100)  # what the authority journals
+    intervals = [f"Fast/{i}" for i in range(3)]
+    before = {p: len(store.batches(p)) for p in ["Fast", *intervals, "inject:events"]}
+    assert before["Fast"] == 4 and sum(before[p] for p in intervals) > 3
+
+    store.trim(readers(t), {"events": None}, clock())
+    assert {p: len(store.batches(p)) for p in before} == before, "younger than a quarter hour: all kept"
+
+    clock.now += 15 * 60_000 + 1
+    trimmed = store.trim(readers(t), {"events": None}, clock())
+    assert [b.batch for b in store.batches("Fast")] == [4]
+    for p in intervals:  # no segment of their own (Count writes at the end of time): the head alone
+        assert len(store.batches(p)) == min(1, before[p]), p
+    assert trimmed.journal == sum(before.values()) - sum(len(store.batches(p)) for p in before)
+    # the injector's batches keep their segments (no window) and Slow has read none of them
+    assert len(store.batches("inject:events")) == before["inject:events"] == 4

@@ -109,6 +109,13 @@ function drawTable(rows) {
   }
 }
 
+function drawRebalancing(decisions) {
+  const items = decisions.map((d) => el("li", {}, `${new Date(d.at).toLocaleTimeString()}: ` + (d.kind === "move"
+    ? `moved ${d.computation}/${d.shard} from ${d.source} to ${d.target}`
+    : `rescaled ${d.computation} from ${d.old} to ${d.new} intervals`)));
+  $("rebalanced").replaceChildren(...(items.length ? items : [el("li", {}, "No interval has been moved.")]));
+}
+
 function fillLookup(topologies) {
   const select = $("lookup-computation");
   const names = topologies.flatMap((t) => t.graph.nodes.filter((n) => n.kind === "computation").map((n) => n.label));
@@ -134,6 +141,7 @@ async function poll() {
     plot("plot-throughput", "Records/s", lines(rates, "records_per_s", 1, order));
     plot("plot-backlog", "Backlog (records not yet processed)", lines(rates, "backlog", 1, order));
     drawTable(rows);
+    drawRebalancing(data.status.rebalanced || []);
     fillLookup(data.topologies);
     $("updated").textContent = "updated " + new Date(data.now_ms).toLocaleTimeString();
     $("problem").hidden = true;
