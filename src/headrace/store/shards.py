@@ -115,10 +115,12 @@ class ShardQueries(IntervalQueries):
         step("after_commit")
         self._write_output_after_state([c])
 
-    def _write_output_after_state(self, commits: list[ShardCommit]) -> None:
+    def _write_output_after_state(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> None:
         """At-most-once output: productions (and an interval's journal row, which makes them
         visible) go out once the state is committed; a crash in between loses them, and a retry
-        finds the batch committed and re-delivers what was written, nothing."""
+        finds the batch committed and re-delivers what was written, nothing. ``quiet``: the
+        pass's reports, which must not be seen before this output (a crash in between loses them
+        too, and the next pass reports again)."""
         after = [c for c in commits if c.productions_after_state]
         if not after:
             return
@@ -127,6 +129,8 @@ class ShardQueries(IntervalQueries):
             for c in after:
                 self._write_productions(c)
                 self._journal_interval(c)
+            for report in quiet:
+                self.report_quiet(*report)
         self._step("after_output")
 
     def commit_shards(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> list[StoreError | None]:
@@ -149,11 +153,15 @@ class ShardQueries(IntervalQueries):
                     self._x("ROLLBACK TO SAVEPOINT interval_commit")
                     failures[i] = exc
                 self._x("RELEASE SAVEPOINT interval_commit")
-            for report in quiet:
+            made = [c for c, failure in zip(commits, failures) if failure is None]
+            # a report raises the watermark of every interval held under its sequencer: with output
+            # still to go out after the state, it waits for that output
+            later = any(c.productions_after_state for c in made)
+            for report in () if later else quiet:
                 self.report_quiet(*report)
             self._step("before_commit")
         self._step("after_commit")
-        self._write_output_after_state([c for c, failure in zip(commits, failures) if failure is None])
+        self._write_output_after_state(made, quiet if later else ())
         return failures
 
     def _write_commit(self, c: ShardCommit) -> None:
