@@ -20,7 +20,7 @@ from headrace.spark.continuous import ContinuousRunner
 from headrace.spark.rebalancing import REBALANCED
 from headrace.store import open_store
 
-RATE, SECONDS = 600, 75
+RATE, SECONDS = 600, 45  # the input still flows when the 30 s to spread are up
 
 
 def hot_keys() -> list[str]:
