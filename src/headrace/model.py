@@ -153,6 +153,14 @@ class MonoidComputation(Computation):
         raise NotImplementedError
 
     @classmethod
+    def resolve_options(cls, name: str, options: dict[str, Any]) -> dict[str, Any]:
+        if options.get("state_ttl_ms") is not None:
+            raise OptionError(f"Monoid computation {name!r} cannot take state_ttl_ms", got=options["state_ttl_ms"],
+                              hint="a monoid's aggregates go when their window is emitted: give it a window(), or "
+                                   "write it as a Computation to give its state a time to live")
+        return super().resolve_options(name, options)
+
+    @classmethod
     def missing_hooks(cls) -> list[str]:
         return [h for h in MONOID_HOOKS if getattr(cls, h) is getattr(MonoidComputation, h)]
 
@@ -240,6 +248,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "on_error": ("fail", "dead_letter"),
     "state_semantics": ("exactly_once", "at_least_once", "at_most_once"),
     "output_semantics": ("exactly_once", "at_least_once", "at_most_once"),
+    "state_ttl_domain": ("watermark", "wall"),
 }
 
 # The Facebook paper's Figure 8: the (state, output) semantics that can be had together, and why
@@ -284,6 +293,12 @@ class ComputationOptions:
     - ``alert_lag_ms``: while the topology runs, raise a lag alert when the computation's output low
       watermark falls more than this far behind the wall clock, and clear it once it catches up
       (docs/monitoring.md). Default ``None``: no alert.
+    - ``state_ttl_ms`` and ``state_ttl_domain``: a key's state expires this long after its last
+      change, in event time (``"watermark"``, the default: after the timestamp of the record or
+      timer that changed it) or wall-clock time (``"wall"``); a framework-owned timer clears it,
+      exactly once, and a record that comes after the expiry sees no state. ``ctx.state_expires_at``
+      says when, so user code can set a timer of its own before. Default ``None``: state lives
+      until user code clears it. Not for monoid computations (their windows end their aggregates).
     """
 
     codec: Codec = codec_named("pickle")
@@ -298,6 +313,8 @@ class ComputationOptions:
     state_semantics: str = "exactly_once"
     output_semantics: str = "exactly_once"
     alert_lag_ms: int | None = None
+    state_ttl_ms: int | None = None
+    state_ttl_domain: str = "watermark"
 
     def percentile(self, stream: str) -> float:
         return float(self.watermark_percentile.get(stream, 100.0))
@@ -322,6 +339,14 @@ class ComputationOptions:
                     got=values[name],
                     hint=f"write {name}={allowed[0]!r}",
                 )
+        ttl = values.get("state_ttl_ms")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
+            raise OptionError(
+                f"Computation {owner!r} option 'state_ttl_ms' must be a positive number of milliseconds or None",
+                got=ttl,
+                hint="e.g. state_ttl_ms=3_600_000 (state expires an hour after its last change); None keeps it "
+                     "until user code clears it",
+            )
         for name in ("shards", "dedup_slack_ms"):
             if name in values:
                 v = values[name]

@@ -17,11 +17,12 @@ from typing import NamedTuple
 
 __all__ = [
     "MODES", "MICROBATCH", "CONTINUOUS", "REBALANCED", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
-    "id_prefix", "id_sequence", "meta",
+    "id_prefix", "id_sequence", "meta", "STATE_TTL_TIMER",
 ]
 
 MICROBATCH, CONTINUOUS = "microbatch", "continuous"
 REBALANCED = "rebalanced"  # the kind of the events that record live rebalancing's decisions
+STATE_TTL_TIMER = "headrace:state-ttl"  # the tag of the framework's timer that clears a key's expired state
 MODES = (MICROBATCH, CONTINUOUS)
 
 _INJECT = "inject:"

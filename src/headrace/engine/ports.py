@@ -114,7 +114,7 @@ class ShardStore(Protocol):
     url: str
 
     def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int,
-                   wall_clock: int) -> ShardSnapshot: ...
+                   wall_clock: int, tags: Sequence[str] = ()) -> ShardSnapshot: ...
 
     def load_partials(self, computation: str, shard: int,
                       windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:

@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 
 from ..errors import StoreError
 from ..model import Computation, ComputationOptions, MonoidComputation
+from ..names import STATE_TTL_TIMER
 from .batch import InputRecord, Production, QuietReport, Routing, ShardBatch, ShardCommit, ShardSnapshot, shard_of
 from .dedup import DedupIndex
 from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
@@ -90,7 +91,8 @@ def prepare_shard_batch(
     plan in the journal)."""
     monoid = isinstance(computation, MonoidComputation)
     keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
-    snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock)
+    snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock,
+                                (STATE_TTL_TIMER,) if options.state_ttl_ms is not None else ())
     txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.conditional_commits)
     if txn.already_committed:
         productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))

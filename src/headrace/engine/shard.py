@@ -1,20 +1,18 @@
-"""Processing one key shard for one batch: the heart of the engine.
-
-For each key, in arrival order: its records (late ones judged against the watermark the batch
-started under), then every timer that is due, in increasing timestamp order, including timers
-set during this very batch. State is loaded once per key and written once if it changed. The
-whole outcome becomes one ``ShardCommit``.
-"""
+"""Processing one key shard for one batch, the heart of the engine: per key, in arrival order, its
+records (late ones judged against the watermark the batch started under), then every due timer in
+timestamp order, including those set in this batch. State is loaded once per key and written once
+if it changed. The whole outcome becomes one ``ShardCommit``."""
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from ..errors import HeadraceError, OptionError, UnknownStreamError, UserCodeError
+from ..errors import OptionError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
 from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
-from ..names import id_prefix
+from ..names import STATE_TTL_TIMER, id_prefix
+from .failures import dead_letter_value, user_error
 from .watermark import output_low_watermark
 
 __all__ = ["KeyContext", "process_shard", "ValueCheck"]
@@ -41,6 +39,7 @@ class KeyContext:
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
         "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
         "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas", "user_counters",
+        "_ttl", "_uses", "wall_clock", "_expired",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
@@ -60,6 +59,9 @@ class KeyContext:
         self.key = ""
         self.low_watermark = 0
         self._timestamp = 0  # the record's or timer's being processed: a production's default
+        self._ttl = (options.state_ttl_ms, options.state_ttl_domain) if options.state_ttl_ms is not None else None
+        self._uses = 0  # accesses to ctx.state: an invocation that made one renews a state TTL
+        self.wall_clock = 0
 
     # -- binding ----------------------------------------------------------------------------------
 
@@ -68,6 +70,8 @@ class KeyContext:
         self._raw = raw
         self._value = _UNSET
         self._touched = False
+        self._uses = 0
+        self._expired = False  # its stored state expired in this batch: a new value is a change
         self._timers = timers
         self._key_sets: dict[str, DueTimer] = {}
         self._key_deletes: set[str] = set()
@@ -79,11 +83,41 @@ class KeyContext:
 
     def finish_key(self) -> tuple[str, bytes | None] | None:
         """Close the key: collect its timer changes; return its state write, if any."""
+        write = self.state_write() if self._touched else None
         if self._key_sets:
             self.timer_sets.extend(self._key_sets.values())
         if self._key_deletes:
             self.timer_deletes.extend((self.key, tag) for tag in sorted(self._key_deletes - self._key_sets.keys()))
-        return self.state_write() if self._touched else None
+        return write
+
+    def _expiry(self, used_at: int) -> int:
+        ttl_ms, domain = self._ttl  # type: ignore[misc]
+        return (used_at if domain == "watermark" else self.wall_clock) + ttl_ms
+
+    def renew(self, uses_before: int) -> None:
+        """After an invocation: if it used the state, the state TTL's timer moves to a TTL from
+        now (or goes, with the state)."""
+        if self._ttl is None or self._uses == uses_before:
+            return
+        if self._value is None:
+            self._drop_timer(STATE_TTL_TIMER)
+        else:
+            self._put_timer(DueTimer(self.key, STATE_TTL_TIMER, self._ttl[1], self._expiry(self._timestamp)))
+
+    def expire_before(self, at: int) -> bool:
+        """A record at ``at`` (event time; the batch's wall clock for a wall TTL) comes: if the
+        state expired before it, it is gone now. True if it was."""
+        timer = self._timers.get(STATE_TTL_TIMER)
+        if timer is None or timer.timestamp > (at if timer.domain == "watermark" else self.wall_clock):
+            return False
+        self.expire(timer)
+        return True
+
+    def expire(self, timer: DueTimer) -> None:
+        """The key's state TTL timer fired (or was due before a record): its state is gone."""
+        self.fired(timer)
+        self._value = None
+        self._touched = self._expired = True
 
     def savepoint(self) -> tuple[Any, ...]:
         """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
@@ -114,7 +148,7 @@ class KeyContext:
         if value is None:
             return (self.key, None) if self._raw is not None else None
         encoded = self._encode(value)
-        return None if encoded == self._raw else (self.key, encoded)
+        return None if encoded == self._raw and not self._expired else (self.key, encoded)
 
     def _encode(self, value: Any) -> bytes:
         try:
@@ -135,25 +169,37 @@ class KeyContext:
         if self._value is _UNSET:
             self._value = None if self._raw is None else self._codec.decode(self._raw)
         self._touched = True
+        self._uses += 1
         return self._value
 
     @state.setter
     def state(self, value: Any) -> None:
         self._value = value
         self._touched = True
+        self._uses += 1
+
+    @property
+    def state_expires_at(self) -> int | None:
+        """With ``state_ttl_ms``: when the key's state expires if it is used now (a time in the
+        TTL's domain), so that a timer of one's own can come first; None without a TTL."""
+        return None if self._ttl is None else self._expiry(self._timestamp)
 
     def set_timer(self, tag: str, timestamp: Any, domain: str = "watermark") -> None:
         if type(timestamp) is not int:
             timestamp = to_millis(timestamp, "timer timestamp")
         if domain != "watermark":
             check_domain(domain)
-        timer = DueTimer(self.key, str(tag), domain, timestamp)
+        self._put_timer(DueTimer(self.key, _user_tag(tag), domain, timestamp))
+
+    def delete_timer(self, tag: str) -> None:
+        self._drop_timer(_user_tag(tag))
+
+    def _put_timer(self, timer: DueTimer) -> None:
         self._timers[timer.tag] = timer
         self._key_sets[timer.tag] = timer
         self._key_deletes.discard(timer.tag)
 
-    def delete_timer(self, tag: str) -> None:
-        tag = str(tag)
+    def _drop_timer(self, tag: str) -> None:
         self._timers.pop(tag, None)
         self._key_sets.pop(tag, None)
         self._key_deletes.add(tag)
@@ -186,11 +232,19 @@ class KeyContext:
         self._productions.append(Production(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}"))
 
 
+def _user_tag(tag: Any) -> str:
+    tag = str(tag)
+    if tag == STATE_TTL_TIMER:
+        raise OptionError(f"Timer tag {tag!r} is the framework's own (the state TTL's timer)", got=tag,
+                          hint="give your timer another tag")
+    return tag
+
+
 def new_counters() -> dict[str, int]:
     return {"records": 0, "late_dropped": 0, "late_delivered": 0, "duplicates": 0, "timers_fired": 0}
 
 
-ENGINE_COUNTERS = frozenset([*new_counters(), "late_productions", "dead_lettered"])
+ENGINE_COUNTERS = frozenset([*new_counters(), "late_productions", "dead_lettered", "state_expired"])
 
 
 def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
@@ -295,11 +349,15 @@ def process_shard(
         ctx.dead_letter(bad.value, bad.timestamp)
         counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
     state_writes: list[tuple[str, bytes | None]] = []
+    ctx.wall_clock = wall
+    ttl = options.state_ttl_ms is not None
     for key, group in by_key.items():
         timers = timers_by_key.get(key, {})
         ctx.bind(key, snapshot.states.get(key), timers)
         ctx.low_watermark = w_before
         for r in group:
+            if ttl and ctx.expire_before(r.timestamp):  # expired before this record: it sees no state
+                counters["state_expired"] = counters.get("state_expired", 0) + 1
             if r.timestamp < w_before:
                 if not deliver_late:
                     counters["late_dropped"] += 1
@@ -312,7 +370,9 @@ def process_shard(
                 if (misfits is None and r.stream in checks and type(r) is not CheckedRecord
                         or misfits and (r.stream, r.id) in misfits):
                     checks[r.stream].require(r.stream, r.value)
+                uses = ctx._uses
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id, r.stream))
+                ctx.renew(uses)
             except Exception as exc:
                 what = f"record {r.id!r} (timestamp {r.timestamp})"
                 if point is None:
@@ -325,11 +385,17 @@ def process_shard(
             timer = next_due(timers, w_after, wall)
             if timer is None:
                 break
+            if timer.tag == STATE_TTL_TIMER:
+                ctx.expire(timer)
+                counters["state_expired"] = counters.get("state_expired", 0) + 1
+                continue
             ctx.fired(timer)
             counters["timers_fired"] += 1
             ctx._timestamp = timer.timestamp
+            uses = ctx._uses
             invoke_on_timer(ctx, name, timer, partial(process_timer, ctx, Timer(timer.tag, timer.timestamp, timer.domain)),
                             f"{timer.domain} timer {timer.tag!r} at {timer.timestamp}", counters, dead_letters)
+            ctx.renew(uses)
         write = ctx.finish_key()
         if write is not None:
             state_writes.append(write)
@@ -379,23 +445,3 @@ def forget_before(watermark: int, options: ComputationOptions) -> int | None:
     if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
         return None
     return watermark - options.dedup_slack_ms
-
-
-def dead_letter_value(name: str, key: str, what: str, exc: Exception, stream: str | None, value: Any,
-                 record_id: str | None) -> dict[str, Any]:
-    return {"computation": name, "key": key, "at": what, "stream": stream, "record_id": record_id,
-            "value": value, "error": f"{type(exc).__name__}: {exc}"}
-
-
-def user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:
-    retried = "the batch was not committed and will be retried from its committed point"
-    if isinstance(exc, UserCodeError):
-        return exc  # already names the computation and key
-    if isinstance(exc, HeadraceError):  # a misuse of ctx: its own what, got and hint, once each
-        return UserCodeError(f"Computation {name!r} failed on key {key!r} at {what}: {exc.what}", got=exc.got,
-                             hint=f"{exc.hint}; {retried}" if exc.hint else f"fix the computation; {retried}")
-    return UserCodeError(
-        f"Computation {name!r} failed on key {key!r} at {what}",
-        got_text=f"{type(exc).__name__}: {exc}",
-        hint=f"fix the computation and run again; {retried}",
-    )

@@ -34,7 +34,10 @@ class ShardQueries(IntervalQueries):
                 f"{current}", got=c.sequencer, hint=hint)
 
     # -- one shard batch --------------------------------------------------------------------------
-    def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int, wall_clock: int) -> ShardSnapshot:
+    def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int, wall_clock: int,
+                   tags: Sequence[str] = ()) -> ShardSnapshot:
+        """The shard's version, the state of ``keys`` and of the keys with a due timer, the due
+        timers, and the timers of ``keys`` tagged ``tags`` whether due or not (a state TTL's)."""
         with self._transaction(self.BEGIN_READ):
             row = self._one("SELECT version, output_watermark FROM shards WHERE computation = ? AND shard = ?",
                             (computation, shard))
@@ -45,6 +48,13 @@ class ShardQueries(IntervalQueries):
                 "SELECT key, tag, domain, timestamp FROM timers WHERE computation = ? AND shard = ? AND "
                 "((domain = 'watermark' AND timestamp <= ?) OR (domain = 'wall' AND timestamp <= ?)) "
                 "ORDER BY timestamp", (computation, shard, watermark, wall_clock))]
+            if tags and keys:
+                known = {(t.key, t.tag) for t in due}
+                key_in, key_param = self._in_list("key", list(keys))
+                tag_in, tag_param = self._in_list("tag", list(tags))
+                due += [t for t in (DueTimer(*r) for r in self._all(
+                    f"SELECT key, tag, domain, timestamp FROM timers WHERE computation = ? AND shard = ? AND {key_in} "
+                    f"AND {tag_in}", (computation, shard, key_param, tag_param))) if (t.key, t.tag) not in known]
             wanted = list(dict.fromkeys([*keys, *(t.key for t in due)]))
             states: dict[str, bytes] = {}
             if wanted:

@@ -110,5 +110,5 @@ def test_dedup_without_emit_and_a_counter_of_the_engine_are_refused() -> None:
     with pytest.raises(UserCodeError, match=re.escape(
             "ctx.count takes a counter name of your own and an int (got ('records', 1)). Hint: e.g. "
             "ctx.count('too_late'); the engine's own counters ['dead_lettered', 'duplicates', 'late_delivered', "
-            "'late_dropped', 'late_productions', 'records', 'timers_fired'] are its to keep")):
+            "'late_dropped', 'late_productions', 'records', 'state_expired', 'timers_fired'] are its to keep")):
         h.advance_watermark(10)
