@@ -376,7 +376,7 @@ def peak_rss_of_descendants(root: int, field: str = "VmHWM") -> list[tuple[str, 
                 status = dict(line.split(":", 1) for line in open(f"/proc/{child}/status").read().splitlines()
                               if ":" in line)
                 name = "JVM" if "java" in status["Name"] else status["Name"].strip()
-                if name not in ("JVM", "python", "python3"):
+                if name != "JVM" and not name.startswith("python"):  # python3.12 and the like too
                     continue
                 out.append((name, int(status[field].split()[0]) / 1024))
             except (OSError, KeyError, ValueError):

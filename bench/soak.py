@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any, Callable
 
-import cloudpickle
+from pyspark import cloudpickle
 import pipeline_latency
 from pipeline_latency import INJECTOR, STAGES, Observed, lag_of, pct, peak_rss_of_descendants, producer_batch, \
     stage_class
@@ -163,6 +163,20 @@ class Store:
                                          "WHERE table_schema = current_schema() ORDER BY 1")]
         return {t: int(self._pg(f'SELECT COUNT(*) FROM "{t}"')[0][0]) for t in tables}
 
+    def journal(self) -> dict[str, int]:
+        """Journal rows per producer kind (injector, a computation's authority, its intervals)."""
+        sql = "SELECT producer, COUNT(*) FROM batches GROUP BY producer"
+        if self.path:
+            with sqlite3.connect(self.path) as db:
+                found = list(db.execute(sql))
+        else:
+            found = self._pg(sql)
+        out: dict[str, int] = {}
+        for producer, n in found:
+            kind = producer.split("/")[0] + ("/<i>" if "/" in producer else "")
+            out[kind] = out.get(kind, 0) + int(n)
+        return out
+
     def _pg(self, sql: str) -> list[Any]:
         import psycopg
 
@@ -253,6 +267,7 @@ class Sampler(threading.Thread):
                     "workers_mb": sum(mb for name, mb in others if name.startswith("python"))})
         if self.minute == self.reference_minute:
             self.reference_rows = self.size.rows()
+            self.reference_rows.update({f"batches of {k}": v for k, v in self.size.journal().items()})
         self._reset()
         self.on_row(row)
 
@@ -284,8 +299,9 @@ def checks(rows: list[dict[str, Any]], reference: int, outputs: tuple[bool, str]
         def within(column: str, limit: float, what: str) -> None:
             worst = max(r[column] for r in last)
             ok = worst <= limit * ref[column]
+            ratio = f"{worst / ref[column]:.2f}x" if ref[column] else "n/a"
             results.append((ok, f"{what}: minute {reference} {ref[column]:,.1f}, last {len(last)} minutes at most "
-                                f"{worst:,.1f} ({worst / ref[column]:.2f}x, limit {limit:.2f}x)"))
+                                f"{worst:,.1f} ({ratio}, limit {limit:.2f}x)"))
         within("store_mb", SIZE_LIMIT, "store size MB")
         for hop in HOPS:
             within(f"{hop} p99", GROWTH_LIMIT, f"{hop} p99 ms")
@@ -378,9 +394,10 @@ def main() -> None:
         print(f"ran {count:,} records in {took:.0f} s; sightings whose batch was trimmed before measured: "
               f"{sampler.unresolved:,}")
         final = Store(url).rows()
+        final.update({f"batches of {k}": v for k, v in Store(url).journal().items()})
         print(f"\nrows per table: minute {reference} -> end")
         for table in sorted(set(final) | set(sampler.reference_rows)):
-            print(f"  {table:<24} {sampler.reference_rows.get(table, 0):>10,} -> {final.get(table, 0):>10,}")
+            print(f"  {table:<30} {sampler.reference_rows.get(table, 0):>10,} -> {final.get(table, 0):>10,}")
         ok = checks(rows, reference, outputs.compare(oracle(count, args.rate, t0, args.window_s * 1000)))
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"soak-{args.store}-{minutes}min")
