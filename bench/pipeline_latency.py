@@ -366,10 +366,12 @@ def peak_rss_of_descendants(root: int, field: str = "VmHWM") -> list[tuple[str, 
     out, stack = [], [root]
     while stack:
         pid = stack.pop()
-        try:
-            children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-        except OSError:
-            continue
+        children = []
+        for task in glob.glob(f"/proc/{pid}/task/*/children"):  # every thread's: the JVM forks from others
+            try:
+                children += open(task).read().split()
+            except OSError:
+                continue
         for child in map(int, children):
             stack.append(child)
             try:
