@@ -127,8 +127,8 @@ class OutputFile:
         by_id: dict[str, tuple[str, int, int]] = {}
         with open(self.path) as f:
             for line in f:
-                rid, user, end, total = line.split()
-                by_id[rid] = (user, int(end), int(total))  # a replayed sink batch carries the same ids
+                rid, user, end_, total_ = line.split()
+                by_id[rid] = (user, int(end_), int(total_))  # a replayed sink batch carries the same ids
         got: dict[tuple[str, int], int] = {}
         repeated = 0
         for user, end, total in by_id.values():
