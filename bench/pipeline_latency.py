@@ -75,6 +75,13 @@ class Observed(Computation):
     log_dir = ""
 
     def process_record(self, ctx: Any, record: Any) -> None:
+        self.note(record)
+        ctx.state = (ctx.state or 0) + 1
+        if self.output:
+            ctx.produce(self.output, record.value)
+
+    def note(self, record: Any) -> None:
+        """One line in this process's log: the record's id, its generator index, when seen."""
         seen = time.time() * 1000
         fd = getattr(self, "_fd", None)
         if fd is None or getattr(self, "_pid", None) != os.getpid():
@@ -82,9 +89,6 @@ class Observed(Computation):
                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._fd, self._pid = fd, os.getpid()
         os.write(fd, f"{record.id} {record.value['n']} {seen:.3f}\n".encode())
-        ctx.state = (ctx.state or 0) + 1
-        if self.output:
-            ctx.produce(self.output, record.value)
 
 
 def stage_class(name: str, output: str | None, log_dir: str) -> type[Computation]:
@@ -356,24 +360,27 @@ def compare_progress(args: Any, spark: Any, modes: list[str]) -> None:
             print(f"{label:<28} {off:>15,.1f} {on_:>10,.1f} {on_ / off if off else float('nan'):>8.2f}x")
 
 
-def peak_rss_of_descendants(root: int) -> list[tuple[str, float]]:
-    """Peak resident memory of every live descendant (the JVM, Python workers), from /proc."""
+def peak_rss_of_descendants(root: int, field: str = "VmHWM") -> list[tuple[str, float]]:
+    """Peak resident memory (``field="VmRSS"``: current) of every live descendant (the JVM, Python
+    workers) in MB, from /proc."""
     out, stack = [], [root]
     while stack:
         pid = stack.pop()
-        try:
-            children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-        except OSError:
-            continue
+        children = []
+        for task in glob.glob(f"/proc/{pid}/task/*/children"):  # every thread's: the JVM forks from others
+            try:
+                children += open(task).read().split()
+            except OSError:
+                continue
         for child in map(int, children):
             stack.append(child)
             try:
                 status = dict(line.split(":", 1) for line in open(f"/proc/{child}/status").read().splitlines()
                               if ":" in line)
                 name = "JVM" if "java" in status["Name"] else status["Name"].strip()
-                if name not in ("JVM", "python", "python3"):
+                if name != "JVM" and not name.startswith("python"):  # python3.12 and the like too
                     continue
-                out.append((name, int(status["VmHWM"].split()[0]) / 1024))
+                out.append((name, int(status[field].split()[0]) / 1024))
             except (OSError, KeyError, ValueError):
                 continue
     return out
