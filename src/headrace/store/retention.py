@@ -29,7 +29,7 @@ from .monitoring import WHOLE_COMPUTATION
 
 __all__ = ["RetentionQueries", "Trimmed", "JOURNAL_KEEP_MS"]
 
-JOURNAL_KEEP_MS = 15 * 60_000  # as long as monitoring looks back (its samples are kept as long)
+JOURNAL_KEEP_MS = 6 * 60_000  # the dashboard plots the journal of the last 5 minutes (dashboard/history.py)
 
 
 class Trimmed(NamedTuple):

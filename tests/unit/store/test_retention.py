@@ -18,6 +18,7 @@ from headrace.errors import OptionError
 from headrace.names import CONTINUOUS
 from headrace.plans import consumer_of, interval_plans, producers_of, routing_plan
 from headrace.store import open_store
+from headrace.store.retention import JOURNAL_KEEP_MS
 
 WINDOW = 1_000
 
@@ -153,7 +154,7 @@ def test_a_stream_without_a_window_keeps_its_segments_and_dead_reports_go(bus: A
     assert rows(store, "interval_groups") < reports
 
 
-def test_the_journal_keeps_each_producers_head_its_bus_rows_and_a_quarter_hour(bus: Any) -> None:
+def test_the_journal_keeps_each_producers_head_its_bus_rows_and_the_monitoring_horizon(bus: Any) -> None:
     """Rows nothing reads go: the watermark authority's (one per change) and the commits of
     intervals that wrote no segment, once older than the monitoring horizon; each producer's last
     row stays, and so does every row of a batch whose segments are kept or a reader has not read."""
@@ -168,9 +169,9 @@ def test_the_journal_keeps_each_producers_head_its_bus_rows_and_a_quarter_hour(b
     assert before["Fast"] == 4 and sum(before[p] for p in intervals) > 3
 
     store.trim(readers(t), {"events": None}, clock())
-    assert {p: len(store.batches(p)) for p in before} == before, "younger than a quarter hour: all kept"
+    assert {p: len(store.batches(p)) for p in before} == before, "younger than the horizon: all kept"
 
-    clock.now += 15 * 60_000 + 1
+    clock.now += JOURNAL_KEEP_MS + 1
     trimmed = store.trim(readers(t), {"events": None}, clock())
     assert [b.batch for b in store.batches("Fast")] == [4]
     for p in intervals:  # no segment of their own (Count writes at the end of time): the head alone
