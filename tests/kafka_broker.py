@@ -123,6 +123,11 @@ class KafkaBroker:
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         admin.create_partitions([NewPartitions(topic, total)])[topic].result(30)
+        deadline = time.monotonic() + 30
+        while len(admin.list_topics(topic, timeout=10).topics[topic].partitions) < total:  # metadata catches up
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {topic} did not show {total} partitions within 30 s")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         if self.process is not None:
