@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from .kafka_broker import KafkaBroker
 from .postgres_server import PostgresServer
 
 
@@ -78,3 +79,17 @@ def each_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/store.db"
     return request.getfixturevalue("postgres_server").new_database()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """A real Apache Kafka broker (KRaft, one node on 127.0.0.1) for this session, started from the
+    jars scripts/ensure-kafka caches (or ``HEADRACE_TEST_KAFKA``'s, already running)."""
+    broker = KafkaBroker(os.environ.get("HEADRACE_TEST_KAFKA"))
+    try:
+        broker.start()
+    except (RuntimeError, OSError) as e:
+        pytest.fail(f"the Kafka broker could not start: {e}\n"
+                    "Hint: scripts/ensure-kafka fetches its jars (needs Java 17+ and Maven)", pytrace=False)
+    yield broker
+    broker.stop()

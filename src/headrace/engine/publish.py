@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..names import id_prefix
+from ..names import dead_letter_stream, id_prefix
 from .batch import Production, Routing
 from .ports import Bus
 from .routing import RoutingPlan
@@ -16,14 +16,19 @@ __all__ = ["publish_injected"]
 
 def publish_injected(store: Bus, producer: str, batch: int, stream: str, records: list[tuple[Any, int, str | None]],
                      watermark: int, checkpoint: str | None, schema: Any, plan: RoutingPlan,
-                     since: int) -> int:
+                     since: int, dead_letters: list[tuple[Any, int, str | None]] | None = None) -> int:
     """Publish one injector batch of ``(value, timestamp, id or None)`` records (positional ids
     ``<producer>:<batch>:<n>`` for those without), routed by ``plan`` (followed since batch
-    ``since``); returns how many records it published."""
+    ``since``), and the injector's ``dead_letters`` (same shape, every one with an id) to the
+    stream's dead-letter stream in the same transaction; returns how many records it published."""
     prefix = id_prefix(producer, batch)
     prods = [Production(stream, None, v, ts, rid or f"{prefix}{n}") for n, (v, ts, rid) in enumerate(records)]
     routing = (Routing(plan.id, since, plan.route(stream, [p.value for p in prods])) if plan.routes_for(stream)
                else None)
-    store.publish(producer, batch, {stream: prods}, watermark, checkpoint,
+    streams = {stream: prods}
+    if dead_letters:
+        streams[dead_letter_stream(stream)] = [Production(dead_letter_stream(stream), None, v, ts, rid or f"{prefix}d{n}")
+                                              for n, (v, ts, rid) in enumerate(dead_letters)]
+    store.publish(producer, batch, streams, watermark, checkpoint,
                   {stream: schema} if schema is not None else None, routing)
     return len(prods)

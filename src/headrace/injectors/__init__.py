@@ -14,13 +14,13 @@ import itertools
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..errors import OptionError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, to_millis
 
-__all__ = ["timestamper", "records", "generator", "files", "several", "backfill", "InjectedBatch", "Injector", "Several", "Backfill"]
+__all__ = ["timestamper", "records", "generator", "files", "several", "backfill", "kafka", "InjectedBatch", "Injector", "Several", "Backfill"]
 
 
 @dataclass
@@ -28,6 +28,8 @@ class InjectedBatch:
     records: list[tuple[Any, int, str | None]]  # (value, timestamp, id or None for positional ids)
     watermark: int
     checkpoint: str
+    # records the injector could not take, bound for the stream's dead-letter stream (same shape)
+    dead_letters: list[tuple[Any, int, str | None]] = field(default_factory=list)
 
 
 LATEST_SANE_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
@@ -223,3 +225,4 @@ def several(*parts: Injector) -> Several:
 
 
 from .backfill import Backfill, backfill  # noqa: E402  (it builds on the injectors above)
+from .kafka import kafka  # noqa: E402

@@ -68,7 +68,7 @@ class InjectorThread(threading.Thread):
                         store.register_plan(plan.id, plan.routes)
                 self.published += publish_injected(store, self.producer, batch, self.stream, injected.records,
                                                    injected.watermark, injected.checkpoint, self.schema, plan,
-                                                   since)
+                                                   since, injected.dead_letters)
                 self.watermark = max(self.watermark, injected.watermark)
             self.finished.set()
         except BaseException as exc:  # surfaced by the runner's wait loop

@@ -1,0 +1,201 @@
+"""``injectors.kafka``: a Kafka topic as an injector, on ``confluent-kafka``.
+
+Sources as parts with resume state, as Bytewax's inputs are: the topic's partitions are dealt to
+``parts`` injector parts (partition ``p`` to part ``p % parts``), and a part's resume state is the
+next offset and newest timestamp of each partition it owns, journaled with each batch it publishes
+in the same store transaction (``engine.publish``). So input is exactly-once without Kafka
+transactions or consumer-group commits: a restarted part reads on from its last published batch.
+A part looks for new partitions every ``discover_ms`` and reads a new one from its first offset.
+It reads with ``isolation.level=read_committed``: records of aborted or open transactions are never
+injected.
+
+Timestamps: the record's Kafka timestamp (``timestamp=None``), or a field or function of the
+decoded value. A partition's watermark is its newest timestamp less ``max_delay_ms``; the part's is
+the minimum over its partitions that are not idle, and never moves back.
+
+Idle partitions: a partition with no record for ``idle_ms`` (by ``clock``) stops holding the
+watermark back; when every partition is idle the watermark is the highest of theirs. A record that
+then arrives behind the published watermark is late: it is still injected (the consumers' ``late=``
+option decides, and counts, what they do with it) and the part counts it in its resume state
+(``late``), so none vanishes silently.
+
+Values are decoded by ``deserializer`` (``"bytes"``, ``"utf-8"``, ``"json"`` or a function of the
+bytes); a record that cannot be decoded, or that has no usable timestamp field, goes to the stream's
+dead-letter stream (``<stream>.dead_letter``) with its topic, partition, offset, raw bytes and error.
+Record ids are ``kafka:<topic>:<partition>:<offset>``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Iterator
+
+from ..errors import HeadraceError, OptionError
+from ..model import BEGINNING_OF_TIME, END_OF_TIME
+from . import InjectedBatch, Injector, Several, timestamper, wall_clock_ms
+
+__all__ = ["KafkaPart", "kafka", "late_records", "DESERIALIZERS"]
+
+DESERIALIZERS: dict[str, Callable[[bytes], Any]] = {
+    "bytes": lambda raw: raw,
+    "utf-8": lambda raw: raw.decode("utf-8"),
+    "json": lambda raw: json.loads(raw),
+}
+
+
+def _deserializer(spec: str | Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    if callable(spec):
+        return spec
+    if isinstance(spec, str) and spec in DESERIALIZERS:
+        return DESERIALIZERS[spec]
+    raise OptionError("Unknown Kafka deserializer", got=spec,
+                      hint="use deserializer='bytes', 'utf-8', 'json' or a function of the value's bytes")
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise OptionError(f"injectors.kafka()'s {name} must be an integer >= {least}", got=value,
+                          hint=f"e.g. {name}={max(least, 1000) if name.endswith('_ms') else max(least, 1)}")
+    return value
+
+
+class _Partition:
+    __slots__ = ("offset", "high", "seen_at", "late")
+
+    def __init__(self, offset: int, high: int | None, seen_at: int, late: int = 0):
+        self.offset, self.high, self.seen_at, self.late = offset, high, seen_at, late
+
+
+class KafkaPart(Injector):
+    """One part of a Kafka injector: the partitions ``p`` of ``topic`` with ``p % parts == part``."""
+
+    def __init__(self, topic: str, config: dict[str, Any], part: int, parts: int, *, deserializer: Any,
+                 timestamp: Any, max_delay_ms: int, idle_ms: int, discover_ms: int, batch_size: int,
+                 poll_s: float, bounded: bool, clock: Callable[[], int]):
+        self.topic, self.config, self.part, self.parts = topic, config, part, parts
+        self.decode = _deserializer(deserializer)
+        self.stamp = None if timestamp is None else timestamper(timestamp, clock)
+        self.max_delay_ms, self.idle_ms, self.discover_ms = max_delay_ms, idle_ms, discover_ms
+        self.batch_size, self.poll_s, self.bounded, self.clock = batch_size, poll_s, bounded, clock
+
+    def _consumer(self) -> Any:
+        from confluent_kafka import Consumer
+
+        config = {"group.id": f"headrace-{self.topic}", **self.config,
+                  "enable.auto.commit": False, "enable.auto.offset.store": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": True}
+        return Consumer(config)
+
+    def _mine(self, consumer: Any) -> list[int]:
+        topic = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise OptionError(f"Kafka topic {self.topic!r} was not found", got=getattr(topic, "error", None),
+                              hint="create the topic first (headrace does not create input topics)")
+        return sorted(p for p in topic.partitions if p % self.parts == self.part)
+
+    def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
+        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+        saved: dict[str, Any] = json.loads(resume) if resume else {"partitions": {}, "watermark": BEGINNING_OF_TIME}
+        now = self.clock()
+        state = {int(p): _Partition(o, h, now, late) for p, (o, h, late) in saved["partitions"].items()}
+        published = saved["watermark"]
+        consumer = self._consumer()
+        at_end: set[int] = set()
+        assigned: set[int] = set()
+        discovered: int | None = None
+        try:
+            while True:
+                now = self.clock()
+                if discovered is None or now - discovered >= self.discover_ms:
+                    discovered = now
+                    new = [p for p in self._mine(consumer) if p not in assigned]
+                    for p in new:
+                        state.setdefault(p, _Partition(OFFSET_BEGINNING, None, now))
+                    if new:
+                        consumer.incremental_assign([TopicPartition(self.topic, p, state[p].offset) for p in new])
+                        assigned.update(new)
+                records: list[tuple[Any, int, str | None]] = []
+                dead: list[tuple[Any, int, str | None]] = []
+                for message in consumer.consume(self.batch_size, self.poll_s) if state else []:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            at_end.add(message.partition())
+                            continue
+                        raise HeadraceError(f"Kafka consumer of topic {self.topic!r} failed", got=str(error),
+                                            hint="check the brokers (bootstrap.servers) and the topic")
+                    p = message.partition()
+                    at_end.discard(p)
+                    self._take(message, state[p], published, records, dead)
+                mark = self._watermark(state, published)
+                done = self.bounded and state and at_end >= set(state)
+                if done:
+                    mark = END_OF_TIME
+                if records or dead or mark != published:
+                    published = mark
+                    yield InjectedBatch(records, mark, self._checkpoint(state, published), dead)
+                if done:
+                    return
+        finally:
+            consumer.close()
+
+    def _take(self, message: Any, part: _Partition, published: int, records: list[Any], dead: list[Any]) -> None:
+        p, offset = message.partition(), message.offset()
+        part.offset, part.seen_at = offset + 1, self.clock()
+        rid = f"kafka:{self.topic}:{p}:{offset}"
+        kind, kafka_ts = message.timestamp()
+        raw = message.value()
+        try:
+            value = self.decode(raw if raw is not None else b"")
+            ts = self.stamp(value) if self.stamp is not None else kafka_ts
+        except Exception as exc:
+            letter = {"topic": self.topic, "partition": p, "offset": offset, "value": raw,
+                      "error": f"{type(exc).__name__}: {exc}"}
+            dead.append((letter, max(kafka_ts, 0), rid))
+            return
+        if ts < published:
+            part.late += 1
+        part.high = ts if part.high is None or ts > part.high else part.high
+        records.append((value, ts, rid))
+
+    def _watermark(self, state: dict[int, _Partition], published: int) -> int:
+        now = self.clock()
+        marks = {p: (s.high - self.max_delay_ms if s.high is not None else BEGINNING_OF_TIME) for p, s in state.items()}
+        active = [marks[p] for p, s in state.items() if now - s.seen_at < self.idle_ms]
+        if not marks:
+            return published
+        mark = min(active) if active else max(marks.values())
+        return max(published, mark)
+
+    def _checkpoint(self, state: dict[int, _Partition], watermark: int) -> str:
+        return json.dumps({"partitions": {str(p): [s.offset, s.high, s.late] for p, s in sorted(state.items())},
+                           "watermark": watermark})
+
+
+def late_records(checkpoint: str | None) -> int:
+    """How many records a Kafka part injected behind its own published watermark (from its resume state)."""
+    return sum(late for _, _, late in json.loads(checkpoint)["partitions"].values()) if checkpoint else 0
+
+
+def kafka(topic: str, bootstrap_servers: str, *, parts: int = 1, deserializer: str | Callable[[bytes], Any] = "json",
+          timestamp: str | Callable[[Any], Any] | None = None, max_delay_ms: int = 0, idle_ms: int = 5_000,
+          discover_ms: int = 5_000, batch_size: int = 1_000, poll_s: float = 0.05, bounded: bool = False,
+          config: dict[str, Any] | None = None, clock: Callable[[], int] = wall_clock_ms) -> Injector | Several:
+    """Inject the records of Kafka ``topic`` (see the module's doc for offsets, watermarks, idle
+    partitions and dead letters). ``bounded``: stop, with the end-of-time watermark, once every
+    partition has been read to its end. ``config``: more librdkafka consumer settings."""
+    if not isinstance(topic, str) or not topic:
+        raise OptionError("injectors.kafka() needs a topic name", got=topic, hint="e.g. injectors.kafka('searches', ...)")
+    if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
+        raise OptionError("injectors.kafka() needs bootstrap_servers", got=bootstrap_servers,
+                          hint="e.g. bootstrap_servers='127.0.0.1:9092'")
+    for name, value, least in (("parts", parts, 1), ("max_delay_ms", max_delay_ms, 0), ("idle_ms", idle_ms, 1),
+                               ("discover_ms", discover_ms, 0), ("batch_size", batch_size, 1)):
+        _count(name, value, least)
+    _deserializer(deserializer)
+    merged = {**(config or {}), "bootstrap.servers": bootstrap_servers}
+    built = [KafkaPart(topic, merged, i, parts, deserializer=deserializer, timestamp=timestamp,
+                       max_delay_ms=max_delay_ms, idle_ms=idle_ms, discover_ms=discover_ms, batch_size=batch_size,
+                       poll_s=poll_s, bounded=bounded, clock=clock) for i in range(parts)]
+    return built[0] if parts == 1 else Several(built)

@@ -1,0 +1,137 @@
+"""injectors.kafka against a real broker: offsets as resume state, new partitions, read_committed,
+watermarks, the idle-partition policy, deserializers and dead letters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import pytest
+from confluent_kafka import Producer
+
+from headrace import injectors
+from headrace.errors import OptionError
+from headrace.injectors import InjectedBatch
+from headrace.injectors.kafka import late_records
+from headrace.model import END_OF_TIME
+
+
+class Clock:
+    """A clock the test moves (``step``: ms it moves by itself on each reading)."""
+
+    def __init__(self, now: int = 1_000_000, step: int = 0):
+        self.now, self.step = now, step
+
+    def __call__(self) -> int:
+        self.now += self.step
+        return self.now
+
+
+def produce(broker: Any, topic: str, items: list[tuple[int, bytes, int]]) -> None:
+    """(partition, value, Kafka timestamp) each."""
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    failed: list[Any] = []
+    for partition, value, ts in items:
+        producer.produce(topic, value, partition=partition, timestamp=ts,
+                         on_delivery=lambda error, message: failed.append(error) if error else None)
+    assert producer.flush(30) == 0 and failed == []
+
+
+def take(batches: Iterator[InjectedBatch], until: Any, limit: int = 400) -> list[InjectedBatch]:
+    out: list[InjectedBatch] = []
+    for batch in batches:
+        out.append(batch)
+        if until(out) or len(out) >= limit:
+            return out
+    return out
+
+
+def values(batches: list[InjectedBatch]) -> list[Any]:
+    return [v for b in batches for v, _, _ in b.records]
+
+
+def test_offsets_are_the_resume_state_and_bad_records_are_dead_letters(kafka_broker: Any) -> None:
+    topic = kafka_broker.create_topic(partitions=2)
+    produce(kafka_broker, topic, [(i % 2, json.dumps({"n": i}).encode(), 1_000 + i) for i in range(10)]
+            + [(0, b"{not json", 2_000)])
+    source = injectors.kafka(topic, kafka_broker.bootstrap_servers, bounded=True)
+    first = take(source.batches(None), lambda got: len(values(got)) >= 4)
+    seen = values(first)
+    rest = list(source.batches(first[-1].checkpoint))  # a restart from the last published batch
+    assert sorted(v["n"] for v in seen + values(rest)) == list(range(10))  # no loss, no duplicate
+    assert rest[-1].watermark == END_OF_TIME
+    ids = [rid for b in first + rest for _, _, rid in b.records]
+    assert len(set(ids)) == 10 and all(rid.startswith(f"kafka:{topic}:") for rid in ids)
+    assert [ts for b in first + rest for v, ts, _ in b.records if v["n"] == 3] == [1_003]  # Kafka's timestamp
+    letters = [d for b in first + rest for d in b.dead_letters]
+    assert len(letters) == 1
+    letter, ts, rid = letters[0]
+    assert (letter["partition"], letter["value"], ts) == (0, b"{not json", 2_000)
+    assert letter["error"].startswith("JSONDecodeError") and rid == f"kafka:{topic}:0:5"
+
+
+def test_a_partition_added_while_running_is_read_from_its_first_offset(kafka_broker: Any) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    produce(kafka_broker, topic, [(0, b"a", 1)])
+    clock = Clock(step=10)  # looks again for new partitions every 100 readings
+    batches = injectors.kafka(topic, kafka_broker.bootstrap_servers, deserializer="utf-8", discover_ms=1_000,
+                              clock=clock).batches(None)
+    got = take(batches, lambda got: values(got) == ["a"])
+    kafka_broker.add_partitions(topic, 2)
+    produce(kafka_broker, topic, [(1, b"b", 2), (1, b"c", 3)])
+    got += take(batches, lambda new: len(values(new)) >= 2)
+    assert values(got) == ["a", "b", "c"]
+    assert json.loads(got[-1].checkpoint)["partitions"]["1"][0] == 2
+
+
+def test_records_of_aborted_transactions_are_never_injected(kafka_broker: Any) -> None:
+    topic = kafka_broker.create_topic()
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers, "transactional.id": f"{topic}-tx"})
+    producer.init_transactions(30)
+    for word, commit in (("kept", True), ("aborted", False), ("also kept", True)):
+        producer.begin_transaction()
+        producer.produce(topic, word.encode())
+        producer.commit_transaction(30) if commit else producer.abort_transaction(30)
+    got = list(injectors.kafka(topic, kafka_broker.bootstrap_servers, deserializer="utf-8", bounded=True).batches(None))
+    assert values(got) == ["kept", "also kept"]
+
+
+def test_an_idle_partition_stops_holding_the_watermark_and_its_late_records_are_counted(kafka_broker: Any) -> None:
+    topic = kafka_broker.create_topic(partitions=2)
+    clock = Clock()
+    source = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", max_delay_ms=100,
+                             idle_ms=5_000, clock=clock)
+    batches = source.batches(None)
+    produce(kafka_broker, topic, [(0, json.dumps({"ts": 1_000}).encode(), 0), (1, json.dumps({"ts": 500}).encode(), 0)])
+    got = take(batches, lambda got: len(values(got)) == 2)
+    assert got[-1].watermark == 400  # the slower partition's newest, less max_delay_ms
+    produce(kafka_broker, topic, [(0, json.dumps({"ts": 9_000}).encode(), 0)])
+    got = take(batches, lambda got: len(values(got)) == 1)
+    assert got[-1].watermark == 400  # partition 1 is not idle yet: it holds the watermark
+    clock.now += 5_000  # partition 1 has been silent for idle_ms (partition 0 too)
+    got = take(batches, lambda got: got[-1].watermark > 400)
+    assert got[-1].watermark == 8_900 and got[-1].records == []
+    produce(kafka_broker, topic, [(1, json.dumps({"ts": 600}).encode(), 0)])  # partition 1 wakes, far behind
+    got = take(batches, lambda got: len(values(got)) == 1)
+    assert values(got) == [{"ts": 600}] and got[-1].watermark == 8_900  # injected, never moves the mark back
+    assert late_records(got[-1].checkpoint) == 1
+
+
+@pytest.mark.parametrize("deserializer, raw, expected", [
+    ("bytes", b"\x00\x01", b"\x00\x01"), ("utf-8", "zeitgeist".encode(), "zeitgeist"),
+    ("json", b'{"q": 1}', {"q": 1}), (lambda raw: raw[::-1], b"abc", b"cba")])
+def test_deserializers(kafka_broker: Any, deserializer: Any, raw: bytes, expected: Any) -> None:
+    topic = kafka_broker.create_topic()
+    produce(kafka_broker, topic, [(0, raw, 5)])
+    got = list(injectors.kafka(topic, kafka_broker.bootstrap_servers, deserializer=deserializer, bounded=True)
+               .batches(None))
+    assert values(got) == [expected]
+
+
+def test_bad_options_are_refused_with_a_hint() -> None:
+    with pytest.raises(OptionError, match=r"^Unknown Kafka deserializer \(got 'avro'\)\. Hint: use deserializer="
+                                          r"'bytes', 'utf-8', 'json' or a function of the value's bytes$"):
+        injectors.kafka("t", "127.0.0.1:9092", deserializer="avro")
+    with pytest.raises(OptionError, match=r"^injectors\.kafka\(\)'s idle_ms must be an integer >= 1 \(got 0\)\. "
+                                          r"Hint: e\.g\. idle_ms=1000$"):
+        injectors.kafka("t", "127.0.0.1:9092", idle_ms=0)
