@@ -15,9 +15,12 @@ _AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@]*)@")
 def redact_url(url: object) -> str:
     """``url`` with every password replaced by ``***``: in ``user:password@``, in the libpq query
     parameters ``password=``/``sslpassword=``, and in a libpq ``key=value`` string. Never raises; a
-    non-string is shown by its type only (it might be a secret written in the wrong place)."""
+    non-string is shown by its repr (bytes redacted as text), clipped."""
+    if isinstance(url, (bytes, bytearray)):
+        return "b" + repr(redact_url(bytes(url).decode("utf-8", "replace")))
     if not isinstance(url, str):
-        return f"<{type(url).__name__}>"
+        text = repr(url)
+        return text if len(text) <= 120 else text[:117] + "..."
     match = _AUTHORITY.match(url)
     if match and ":" in match.group(2):
         user = match.group(2).split(":", 1)[0]

@@ -103,3 +103,8 @@ def test_nothing_a_run_shows_contains_the_store_password(postgres_server: Any, f
     seen += [out.out, out.err]
     assert any("***" in text for text in seen)  # the URL is shown, redacted
     assert [text for text in seen if SECRET in text] == []
+
+
+def test_a_url_given_as_bytes_is_redacted_too() -> None:
+    with pytest.raises(OptionError, match=r"A store is named by a URL string \(got b'postgresql://u:\*\*\*@h/db'\)"):
+        open_store(f"postgresql://u:{SECRET}@h/db".encode())  # type: ignore[arg-type]
