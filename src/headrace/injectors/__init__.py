@@ -190,6 +190,10 @@ class FilesInjector(Injector):
 
     def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
         finished: set[str] = set(json.loads(resume)) if resume else set()
+        if not os.path.isdir(self.path):
+            # without this a mistyped path was an empty stream: a bounded one ended at once, silently
+            raise OptionError("files() reads a directory that does not exist", got=self.path,
+                              hint="create it first, or fix the path")
         while True:
             found = sorted(glob.glob(os.path.join(self.path, self.pattern)), key=lambda p: (os.path.getmtime(p), p))
             pending = [p for p in found if os.path.basename(p) not in finished]
