@@ -13,6 +13,7 @@ from typing import Sequence
 from .errors import HeadraceError, OptionError
 from .monitor.show import show_mark, status_text
 from .store import DEFAULT_STORE_URL
+from .store.redact import redact_url
 from .topology import Topology
 
 __all__ = ["main"]
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .dashboard import Dashboard
 
             board = Dashboard(args.store, host=args.host, port=args.port)
-            print(f"headrace: dashboard of {args.store} at {board.url} (Ctrl-C stops it)", flush=True)
+            print(f"headrace: dashboard of {redact_url(args.store)} at {board.url} (Ctrl-C stops it)", flush=True)
             try:
                 board.serve_forever()
             except KeyboardInterrupt:

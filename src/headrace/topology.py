@@ -16,11 +16,11 @@ from .schema import StreamSchema
 
 __all__ = ["Topology", "ComputationSpec", "Injection", "InjectOptions", "SinkSpec"]
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}")  # fullmatch: "$" would let a trailing newline through
 
 
 def check_name(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise TopologyError(
             f"A {kind} name must be a short identifier (letters, digits, '_', '.', '-'; starting with a letter or '_')",
             got=name,

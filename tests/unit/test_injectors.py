@@ -135,3 +135,10 @@ def test_a_stream_is_replayable_from_a_batch_or_a_time_and_trimmed_by_retention(
     assert next(read("s", url, from_batch=2)).value == {"b": 3}
     assert store.trim_segments(2_001) == 2
     assert [r.value["b"] for r in read("s", url)] == [3]
+
+
+def test_a_missing_files_directory_is_an_error_not_an_empty_stream(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-dir")
+    with pytest.raises(OptionError, match=r"files\(\) reads a directory that does not exist \(got '.*no-such-dir'\)\. "
+                                          r"Hint: create it first, or fix the path"):
+        next(iter(injectors.files(missing, bounded=True).batches(None)))

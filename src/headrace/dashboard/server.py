@@ -24,6 +24,7 @@ from ..monitor.graph import recorded_graphs
 from ..monitor.status import status_of
 from ..store import open_store
 from .graph import layout
+from .guard import Guard
 from .history import History
 
 __all__ = ["Dashboard", "make_app", "check_port"]
@@ -113,12 +114,13 @@ class Dashboard:
         check_port(port)
         self.app = make_app(store, window_ms)
         try:
-            self.server = make_server(host, port, self.app, server_class=_Threads, handler_class=_Quiet)
+            self.guard = Guard(self.app, host)
+            self.server = make_server(host, port, self.guard, server_class=_Threads, handler_class=_Quiet)
         except OSError as exc:
             self.app.config["headrace.store"].close()
             raise OptionError(f"The dashboard cannot listen on {host}:{port}: {exc.strerror}", got=port,
                               hint="pick another port (0 takes any free one), or stop what listens there") from None
-        self.url = f"http://{host}:{self.server.server_port}/"
+        self.url = f"http://{host}:{self.server.server_port}/" + (f"?token={self.guard.token}" if self.guard.token else "")
         self._thread: threading.Thread | None = None
 
     def start(self) -> "Dashboard":

@@ -90,6 +90,13 @@ class RecordsInjector(Injector):
                  max_delay_ms: int = 0, bounded: bool | None = None, clock: Callable[[], int] = wall_clock_ms):
         if batch_size < 1:
             raise OptionError("An injector's batch_size must be at least 1", got=batch_size, hint="e.g. batch_size=1000")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+            raise OptionError("An injector's rate must be a number of records per second > 0", got=rate,
+                              hint="e.g. rate=1000, or leave it out for no limit")
+        if isinstance(max_delay_ms, bool) or not isinstance(max_delay_ms, int) or max_delay_ms < 0:
+            # a negative delay would put the watermark ahead of the records and drop them as late
+            raise OptionError("An injector's max_delay_ms must be an integer >= 0", got=max_delay_ms,
+                              hint="e.g. max_delay_ms=1000")
         self._source = iterable
         self._ts = _timestamp_of(timestamp, clock)
         self._id = id
@@ -156,6 +163,9 @@ def generator(make: Callable[[int], Any], count: int | None = None, *, timestamp
     """Inject ``make(0)``, ``make(1)``, ... (``count`` of them, or forever). ``make`` must be a
     function of its index alone, so a restarted injector regenerates exactly what it lost.
     Without ``timestamp``, a record's timestamp is ``clock()`` when it is injected."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+        raise OptionError("generator()'s count must be an integer >= 0, or None for forever", got=count,
+                          hint="e.g. count=1000")
     counter = range(count) if count is not None else None
     source: Callable[[], Iterable[Any]] = (
         (lambda: (make(i) for i in counter)) if counter is not None else (lambda: (make(i) for i in itertools.count())))
@@ -182,6 +192,10 @@ class FilesInjector(Injector):
 
     def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
         finished: set[str] = set(json.loads(resume)) if resume else set()
+        if not os.path.isdir(self.path):
+            # without this a mistyped path was an empty stream: a bounded one ended at once, silently
+            raise OptionError("files() reads a directory that does not exist", got=self.path,
+                              hint="create it first, or fix the path")
         while True:
             found = sorted(glob.glob(os.path.join(self.path, self.pattern)), key=lambda p: (os.path.getmtime(p), p))
             pending = [p for p in found if os.path.basename(p) not in finished]

@@ -8,6 +8,7 @@ from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import OptionError
+from .redact import redact_url
 from .base import COMMIT_STEPS, DEFAULT_STORE_URL, BatchInfo, Store, StoredRecord
 from .failpoints import failpoint_from_env
 from .postgres import PostgresStore
@@ -37,13 +38,13 @@ def open_store(url: str, *, clock: Callable[[], int] | None = None, name: str | 
     opens it (``headrace-worker``, ...) where the server shows its connections (PostgreSQL's
     ``application_name``)."""
     if not isinstance(url, str):
-        raise OptionError("A store is named by a URL string", got=url,
+        raise OptionError("A store is named by a URL string", got_text=redact_url(url),
                           hint=f"pass store={DEFAULT_STORE_URL!r}")
     parsed = urlparse(url)
     if parsed.scheme == "sqlite":
         path = url[len("sqlite:///"):].split("?", 1)[0] if url.startswith("sqlite:///") else ""
         if not path:
-            raise OptionError("A SQLite store URL needs a file path", got=url,
+            raise OptionError("A SQLite store URL needs a file path", got=redact_url(url),
                               hint="write sqlite:///relative/file.db or sqlite:////absolute/file.db")
         options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
         sync = options.pop("synchronous", "NORMAL").upper()
@@ -53,8 +54,8 @@ def open_store(url: str, *, clock: Callable[[], int] | None = None, name: str | 
         return SQLiteStore(path, synchronous=sync, failpoint=failpoint_from_env(), clock=clock)
     if parsed.scheme in ("postgresql", "postgres"):
         if not parsed.path.strip("/"):
-            raise OptionError("A PostgreSQL store URL needs a database name", got=url,
+            raise OptionError("A PostgreSQL store URL needs a database name", got=redact_url(url),
                               hint="write postgresql://user@host:5432/database")
         return PostgresStore(url, failpoint=failpoint_from_env(), clock=clock, name=name)
-    raise OptionError("Unknown store URL scheme", got=url,
+    raise OptionError("Unknown store URL scheme", got=redact_url(url),
                       hint="use sqlite:///path/file.db or postgresql://user@host:5432/database")

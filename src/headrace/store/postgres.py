@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import StoreError
 from .connection import Failpoint
+from .redact import redact_url
 from .schema import NEWEST_TABLES, schema_statements
 from .sql import SQLStore
 
@@ -83,8 +84,10 @@ class PostgresStore(SQLStore):
             conninfo = url if not name or "application_name" in url else psycopg.conninfo.make_conninfo(
                 url, application_name=name)
             self._db = psycopg.connect(conninfo, autocommit=True, connect_timeout=30)
-        except psycopg.OperationalError as e:
-            raise StoreError(f"Cannot connect to the PostgreSQL store: {' '.join(str(e).split())}", got=_redacted(url),
+        except (psycopg.OperationalError, psycopg.ProgrammingError) as e:
+            # libpq may quote the connection string it could not parse: redact what it says too
+            reason = redact_url(' '.join(str(e).split()))
+            raise StoreError(f"Cannot connect to the PostgreSQL store: {reason}", got=redact_url(url),
                              hint="start the server and check host, port, user and database in the URL") from None
         if any(self._one("SELECT to_regclass(?)", (table,))[0] is None for table in NEWEST_TABLES):
             # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
@@ -160,19 +163,7 @@ class PostgresStore(SQLStore):
 
     @property
     def shown_url(self) -> str:
-        return _redacted(self.url)
+        return redact_url(self.url)
 
     def close(self) -> None:
         self._db.close()
-
-
-def _redacted(url: str) -> str:
-    """The URL without its password, for error messages."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
