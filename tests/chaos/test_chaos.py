@@ -26,6 +26,7 @@ from headrace.model import END_OF_TIME
 from headrace.names import meta
 from headrace.store import open_store
 
+from ..ci import long_only
 from .chaos_topology import USERS, events
 
 SCRIPT = Path(__file__).with_name("chaos_topology.py")
@@ -279,9 +280,8 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
-    if mode == "microbatch" and "postgresql" in store_url and os.environ.get("CI") == "true":
-        pytest.skip("CI runs micro-batch chaos on SQLite and continuous chaos on both stores; "
-                    "scripts/test --long runs every pair")
+    if mode == "microbatch" and "postgresql" in store_url:
+        long_only("micro-batch chaos on PostgreSQL", covered_by="micro-batch chaos on SQLite, continuous on both")
     # one kill of each kind; 6,000 events keep the pipeline running past the third kill (4,000 could
     # drain after the fourth); the long run below makes 24
     monkey = chaos(tmp_path, store_url, kills=3, n=6_000, mode=mode)
@@ -291,8 +291,8 @@ def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
 
 @pytest.mark.parametrize("kills", [pytest.param(3, id="short"), pytest.param(12, id="long", marks=pytest.mark.slow)])
 def test_chaos_rescaling_while_running(tmp_path: Path, store_url: str, kills: int) -> None:
-    if kills < 12 and "postgresql" in store_url and os.environ.get("CI") == "true":
-        pytest.skip("CI runs the short version on SQLite; scripts/test --long runs both stores")
+    if kills < 12 and "postgresql" in store_url:
+        long_only("the short version on PostgreSQL", covered_by="it on SQLite")
     """Splits and merges of a running continuous topology (Tagger 3 -> 6 -> 3, Collector 2 -> 4 -> 2,
     the workers' job restarted for each, as live rebalancing does), with the driver SIGKILLed inside
     a rescale's transaction, workers and commits killed in between: the outputs equal the oracle."""

@@ -22,6 +22,7 @@ from headrace.model import END_OF_TIME
 from headrace.spark.continuous import JOB_GROUP, ContinuousRunner
 from headrace.store import Store, open_store
 
+from ..ci import long_only
 from .pipelines import BASE, oracle, searches, three_stage
 
 T = TypeVar("T")
@@ -181,6 +182,8 @@ def pause_before_a_commit(pid: int, marks: Path, timeout_s: float = 30.0) -> Non
 
 def test_a_worker_paused_past_its_lease_loses_its_intervals_and_its_writes_are_refused(
         spark: Any, each_store: str, tmp_path: Path, opened: Callable[[str], Store]) -> None:
+    if "sqlite" in each_store:
+        long_only("SQLite", covered_by="PostgreSQL, the store a cluster uses")
     events = searches(3_000, seed=11)
     topology = three_stage(events, batch_size=100, name="paused", rate=200)  # about 15 s of input
     marks = tmp_path / "marks"

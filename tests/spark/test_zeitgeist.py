@@ -15,6 +15,7 @@ from examples.zeitgeist.job import build, score
 from examples.zeitgeist.traffic import Scenario, generate
 from headrace import read, run
 
+from ..ci import long_only
 from ..unit.test_zeitgeist import harness_anomalies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +37,8 @@ def key_of(anomaly: dict[str, Any]) -> tuple[str, str, int]:
 
 
 def test_zeitgeist_finds_exactly_the_injected_anomalies_on_spark_and_on_the_harness(spark: Any, store_url: str, mode: str) -> None:
+    if mode == "microbatch":
+        long_only("the micro-batch run", covered_by="the continuous run (the demo's mode)")
     scenario = short_scenario()
     run(build(scenario, rate=None, batch_size=2_000), store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
     found = [r.value for r in read("anomalies", store_url)]

@@ -25,6 +25,7 @@ from headrace.engine import shard_of
 from headrace.model import ComputationOptions
 from headrace.store import open_store
 
+from ...ci import long_only
 from . import sigkill_child as child
 
 CHILD = Path(child.__file__)
@@ -133,6 +134,8 @@ def wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
 ])
 def test_sigkill_at_random_moments_never_breaks_exactly_once(tmp_path: Path, store_url: str, kills: int,
                                                             batches: int) -> None:
+    if "postgresql" in store_url:
+        long_only("PostgreSQL", covered_by="SQLite here and PostgreSQL in tests/chaos and test_semantics_under_kills")
     db = store_url
     seed = random.randrange(2**32)
     rng = random.Random(seed)
