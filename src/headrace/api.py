@@ -21,7 +21,7 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
         mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None,
-        ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False) -> Any:
+        ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False, rebalance: bool = True) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -57,8 +57,13 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         runner: Any = ContinuousRunner(topology, store, master, spark=spark, progress=progress,
                                        metrics_port=metrics_port, ui=ui, py_files=py_files,
                                        progress_queries=progress_queries, checkpoint_dir=checkpoint_dir,
-                                       trigger_ms=trigger_ms or 200, retention_ms=retention_ms).start()
+                                       trigger_ms=trigger_ms or 200, retention_ms=retention_ms,
+                                       rebalance=rebalance).start()
     else:
+        if rebalance is not True:
+            raise OptionError("rebalance=False applies to continuous mode only", got=rebalance,
+                              hint="micro-batch mode has no live rebalancing: leave rebalance out, or run "
+                                   "mode='continuous'")
         from .spark.runner import MicroBatchRunner
 
         runner = MicroBatchRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,

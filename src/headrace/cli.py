@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_dash.add_argument("--port", type=int, default=8050, help="0: any free port")
     p_dash.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves every interface")
     p_run.add_argument("--no-ui", action="store_true", help="turn Spark's web UI off (it is on, and its URL printed)")
+    p_run.add_argument("--no-rebalance", action="store_true",
+                       help="continuous mode: keep every interval where it is claimed (no live rebalancing)")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
@@ -95,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          mode=args.mode, metrics_port=args.metrics_port,
                          dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr,
                          ui=not args.no_ui, py_files=[*([package] if package else []), *args.py_files],
-                         progress_queries=args.progress_queries)
+                         progress_queries=args.progress_queries, rebalance=not args.no_rebalance)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "dashboard":

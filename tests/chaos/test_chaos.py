@@ -289,10 +289,9 @@ def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
     assert monkey.divergence() == Divergence()
 
 
-@pytest.mark.parametrize("kills", [pytest.param(3, id="short"), pytest.param(12, id="long", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 40-130 s a store; scripts/test --long
+@pytest.mark.parametrize("kills", [pytest.param(3, id="short"), pytest.param(12, id="long")])
 def test_chaos_rescaling_while_running(tmp_path: Path, store_url: str, kills: int) -> None:
-    if kills < 12 and "postgresql" in store_url:
-        long_only("the short version on PostgreSQL", covered_by="it on SQLite")
     """Splits and merges of a running continuous topology (Tagger 3 -> 6 -> 3, Collector 2 -> 4 -> 2,
     the workers' job restarted for each, as live rebalancing does), with the driver SIGKILLed inside
     a rescale's transaction, workers and commits killed in between: the outputs equal the oracle."""

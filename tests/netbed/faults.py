@@ -55,7 +55,8 @@ class BedMonkey(ClusterMonkey):
         self.bed, self.driver_store = bed, network_url
 
     def driver_command(self) -> list[str]:
-        return [*self.bed.net.prefix(self.bed.driver_host), *super().driver_command()]
+        # the faults are checked against leases: a rebalancer's move would look like a live lease taken
+        return [*self.bed.net.prefix(self.bed.driver_host), *super().driver_command(), "--no-rebalance"]
 
     def driver_env(self) -> dict[str, str]:
         return {**super().driver_env(), "SPARK_LOCAL_IP": self.bed.driver_host.address}
