@@ -110,10 +110,11 @@ class RetentionQueries(IntervalQueries):
                     "batches.producer) AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.producer = batches.producer "
                     "AND s.batch = batches.batch)")
         gone = 0
-        for producer, position in sorted(read.items()):
-            if position > 1:
-                gone += int(self._x(f"DELETE FROM batches WHERE producer = ? AND batch < ? AND {unneeded}",
-                                    (producer, position, before)).rowcount)
+        behind = [(producer, 0, position) for producer, position in sorted(read.items()) if position > 1]
+        if behind:  # one statement for every read producer, however many intervals
+            table, param = self._ranges(behind)
+            gone += int(self._x(f"DELETE FROM batches WHERE EXISTS (SELECT 1 FROM {table} WHERE p = batches.producer "
+                                f"AND batches.batch < hi) AND {unneeded}", (param, before)).rowcount)
         if read:
             condition, param = self._in_list("producer", sorted(read))
             gone += int(self._x(f"DELETE FROM batches WHERE NOT ({condition}) AND {unneeded}", (param, before)).rowcount)
