@@ -137,7 +137,7 @@ def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
 
 def open_stream(store: str, stream: str) -> Store:
     """The store, open, once it is known that some producer writes ``stream``."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     if not db.stream_producers(stream):
         known = db.streams()
         db.close()
@@ -191,7 +191,7 @@ def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]], unpickl
 def watermarks(store: str = DEFAULT_STORE_URL) -> dict[str, BatchInfo]:
     """The low watermarks journaled in ``store``: per producer (computation or ``inject:<stream>``),
     its latest completed batch with its input and output low watermark."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         return {info.producer: info for info in db.journal_heads()}
     finally:

@@ -21,7 +21,7 @@ def state(store: str, computation: str, key: str, codec: str | Codec | None = No
     A pickled state is decoded only as far as it is plain data (``codecs.safe_loads``: no code
     runs), else shown as ``Pickled(size)``; ``unpickle=True`` unpickles it in full, which runs
     whatever code the bytes name (docs/security.md)."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         spec = _computation(db, computation)
         raw = db.state(computation, key)
@@ -36,7 +36,7 @@ def state(store: str, computation: str, key: str, codec: str | Codec | None = No
 
 def timers(store: str, computation: str, key: str) -> list[Timer]:
     """The timers pending for ``key`` in ``computation``, earliest first."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         _computation(db, computation)
         pending = [Timer(t.tag, t.timestamp, t.domain) for t in db.timers(computation, key)]
@@ -51,7 +51,7 @@ def dead_letters(store: str, computation: str, *, unpickle: bool = False) -> lis
     """What ``computation`` sent to ``<computation>.dead_letter``: each value names the record (or
     timer), the key and the error (docs/architecture.md §3.11). Values are decoded as ``state``
     decodes a pickled state: in full only with ``unpickle=True``."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         spec = _computation(db, computation)
         stream = f"{computation}.dead_letter"

@@ -14,11 +14,12 @@ from ..names import MICROBATCH
 from .monitoring import MonitorQueries
 from .retention import RetentionQueries
 from .shards import WEAK_SLOT, ShardQueries
+from .versions import Versioned
 
 __all__ = ["SQLStore"]
 
 
-class SQLStore(ShardQueries, MonitorQueries, RetentionQueries):
+class SQLStore(ShardQueries, MonitorQueries, RetentionQueries, Versioned):
     """Everything but the dialect. Subclasses set the class attributes and implement the hooks."""
 
     # -- writers --------------------------------------------------------------------------------
