@@ -12,7 +12,7 @@ import msgpack
 
 from .errors import OptionError
 
-__all__ = ["Codec", "codec_named", "CODECS", "Pickled", "safe_loads", "shown_value"]
+__all__ = ["Codec", "codec_named", "CODECS", "fingerprint", "Pickled", "safe_loads", "shown_value"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,17 @@ def codec_named(codec: str | Codec) -> Codec:
             got=codec,
             hint=f"use one of {sorted(CODECS)} or a headrace.codecs.Codec(name, encode, decode)",
         ) from None
+
+
+def fingerprint(codec: Codec) -> str:
+    """What a store records of a computation's codec: a built-in codec's name; for one of your
+    own, its name and where its functions live (two codecs of one name that differ there differ)."""
+    if CODECS.get(codec.name) is codec:
+        return codec.name
+
+    def where(f: Callable[..., Any]) -> str:
+        return f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__name__)}"
+    return f"{codec.name} ({where(codec.encode)}, {where(codec.decode)})"
 
 
 # What a safe decode may construct besides the data pickle spells with opcodes of its own (None, bool,

@@ -7,7 +7,7 @@ journal) plus what runners and tools need around them. Implementations: ``SQLite
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from ..engine.ports import BatchInfo, IntervalStore, StoredRecord
 from .connection import Failpoint
@@ -86,6 +86,7 @@ class Store(IntervalStore, Protocol):
 
     # -- reading back -------------------------------------------------------------------------------
     def state(self, computation: str, key: str) -> bytes | None: ...
+    def recode_state(self, computation: str, recode: Callable[[bytes], bytes]) -> int: ...
     def counters(self, computation: str) -> dict[str, int]: ...
     def shard_versions(self, computation: str) -> dict[int, int]: ...
     def close(self) -> None: ...
