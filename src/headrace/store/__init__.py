@@ -11,6 +11,7 @@ from ..errors import OptionError
 from .redact import redact_url
 from .base import COMMIT_STEPS, DEFAULT_STORE_URL, BatchInfo, Store, StoredRecord
 from .failpoints import failpoint_from_env
+from .segments import segment_limit
 from .postgres import PostgresStore
 from .sqlite import SQLiteStore
 
@@ -40,6 +41,12 @@ def open_store(url: str, *, clock: Callable[[], int] | None = None, name: str | 
     ``application_name``). ``read_only``: for tools that only look; the store must exist (a
     mistyped path is an error, not a new empty store) and nothing is written to it (SQLite's
     ``mode=ro``, PostgreSQL's ``default_transaction_read_only``), so a read-only file works."""
+    store = _open(url, clock, name, read_only)
+    store.segment_limit = segment_limit()
+    return store
+
+
+def _open(url: str, clock: Callable[[], int] | None, name: str | None, read_only: bool) -> Store:
     if not isinstance(url, str):
         raise OptionError("A store is named by a URL string", got_text=redact_url(url),
                           hint=f"pass store={DEFAULT_STORE_URL!r}")

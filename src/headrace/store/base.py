@@ -47,6 +47,7 @@ class Store(IntervalStore, Protocol):
         ...
 
     failpoint: Failpoint | None
+    segment_limit: int  # bytes: a larger segment is stored in pieces
 
     # -- writers --------------------------------------------------------------------------------
     def register(self, computation: str, shards: int, mode: str = ...) -> None: ...
