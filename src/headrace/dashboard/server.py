@@ -36,7 +36,7 @@ PLOTLY = resources.files("plotly") / "package_data"
 def make_app(store_url: str, window_ms: int = 5 * 60_000, unpickle: bool = False) -> bottle.Bottle:
     """The WSGI app of the dashboard of the store at ``store_url`` (opened once, shared under a lock).
     A key's pickled state is decoded only as plain data unless ``unpickle`` (docs/security.md)."""
-    store = open_store(store_url)
+    store = open_store(store_url, read_only=True)  # it only looks: a read-only role or file serves
     history = History(store, window_ms)
     lock = threading.Lock()
     app = bottle.Bottle()
