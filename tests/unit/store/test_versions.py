@@ -174,3 +174,10 @@ def test_the_tools_work_on_a_read_only_file_in_a_read_only_folder(tmp_path: Path
     finally:
         folder.chmod(0o755)
         shutil.rmtree(outer)
+
+
+def test_the_read_only_tools_answer_on_both_stores(each_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    Harness(Count, store=each_store).process("k", 1, 10)
+    for tool in (["status", "--json"], ["watermarks"], ["timers", "Count", "k"]):
+        code = cli.main([*tool, "--store", each_store])
+        assert (code, capsys.readouterr().err) == (0, "")
