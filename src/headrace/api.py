@@ -107,13 +107,16 @@ def _refuse_ignored(topology: Topology, checkpoint_dir: str | None, trigger_ms: 
 
 
 def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
-         since_ms: int | None = None, limit: int | None = None) -> Iterator[Record]:
+         since_ms: int | None = None, limit: int | None = None, unpickle: bool = True) -> Iterator[Record]:
     """The committed records of ``stream``, producer by producer, in batch order, as an iterator
     (``list(read(...))`` for a list); at most ``limit`` of them when it is given.
 
     Replay part of it with ``from_batch`` (the producers' batches after it) or ``since_ms`` (the
     batches completed at or after that time). A record's ``key`` is the key its producer gave
     (``None`` when it gave none). A stream no producer writes is refused here, before iterating.
+    Values are unpickled (this is how a program reads its outputs); ``unpickle=False`` decodes
+    only plain data and shows any other value as ``codecs.Pickled`` (``headrace read`` without
+    ``--unpickle``: a store written by someone else runs no code of theirs, docs/security.md).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise OptionError("read(limit=...) must be an integer >= 0 or None", got=limit,
@@ -128,13 +131,13 @@ def read(stream: str, store: str = DEFAULT_STORE_URL, *, from_batch: int = 0,
     except BaseException:
         db.close()
         raise
-    records = _records(db, stream, ranges)
+    records = _records(db, stream, ranges, unpickle)
     return records if limit is None else islice(records, limit)
 
 
 def open_stream(store: str, stream: str) -> Store:
     """The store, open, once it is known that some producer writes ``stream``."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     if not db.stream_producers(stream):
         known = db.streams()
         db.close()
@@ -175,11 +178,12 @@ def _frame(stream: str, spark: Any, store: str, start: str | int, from_batch: in
     return stream_frame(spark, stream, url, ddl, streaming=streaming, start=start, from_batch=from_batch)
 
 
-def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]]) -> Iterator[Record]:
+def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]], unpickle: bool) -> Iterator[Record]:
+    from .monitor.inspect import stored_records
+
     try:
         for producer, after, upto in ranges:
-            for _, r in db.read_segments(stream, producer, after, upto):
-                yield Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
+            yield from stored_records(db, stream, producer, after, upto, unpickle)
     finally:
         db.close()
 
@@ -187,7 +191,7 @@ def _records(db: Store, stream: str, ranges: list[tuple[str, int, int]]) -> Iter
 def watermarks(store: str = DEFAULT_STORE_URL) -> dict[str, BatchInfo]:
     """The low watermarks journaled in ``store``: per producer (computation or ``inject:<stream>``),
     its latest completed batch with its input and output low watermark."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         return {info.producer: info for info in db.journal_heads()}
     finally:

@@ -18,6 +18,9 @@ from .topology import Topology
 
 __all__ = ["main"]
 
+UNPICKLE = ("decode pickled values in full: this runs whatever code the bytes name, so only for a store "
+            "nobody untrusted can write (default: plain data only, anything else shown by its size)")
+
 
 def load_topology(target: str) -> Topology:
     module_name, _, attr = target.partition(":")
@@ -58,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_dash.add_argument("--store", default=DEFAULT_STORE_URL)
     p_dash.add_argument("--port", type=int, default=8050, help="0: any free port")
     p_dash.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves every interface")
+    p_dash.add_argument("--unpickle", action="store_true", help=UNPICKLE)
     p_run.add_argument("--no-ui", action="store_true", help="turn Spark's web UI off (it is on, and its URL printed)")
     p_run.add_argument("--no-rebalance", action="store_true",
                        help="continuous mode: keep every interval where it is claimed (no live rebalancing)")
@@ -68,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_read.add_argument("stream")
     p_read.add_argument("--store", default=DEFAULT_STORE_URL)
     p_read.add_argument("--limit", type=int, default=None, help="print at most this many records")
+    p_read.add_argument("--unpickle", action="store_true", help=UNPICKLE)
     p_status = sub.add_parser("status", help="every stage's watermarks, lag, throughput, backlog, owners, alerts")
     p_status.add_argument("--store", default=DEFAULT_STORE_URL)
     p_status.add_argument("--json", action="store_true", help="the same as JSON (one object per refresh)")
@@ -79,9 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p_key.add_argument("computation")
         p_key.add_argument("key")
         p_key.add_argument("--store", default=DEFAULT_STORE_URL)
+        if command == "state":
+            p_key.add_argument("--unpickle", action="store_true", help=UNPICKLE)
     p_dead = sub.add_parser("dead-letters", help="what a computation sent to <computation>.dead_letter, as JSON lines")
     p_dead.add_argument("computation")
     p_dead.add_argument("--store", default=DEFAULT_STORE_URL)
+    p_dead.add_argument("--unpickle", action="store_true", help=UNPICKLE)
     args = parser.parse_args(argv)
 
     from .api import read, run, watermarks
@@ -103,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "dashboard":
             from .dashboard import Dashboard
 
-            board = Dashboard(args.store, host=args.host, port=args.port)
+            board = Dashboard(args.store, host=args.host, port=args.port, unpickle=args.unpickle)
             print(f"headrace: dashboard of {redact_url(args.store)} at {board.url} (Ctrl-C stops it)", flush=True)
             try:
                 board.serve_forever()
@@ -118,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{producer:<32} batch {info.batch:>6}  input {show_mark(info.input_watermark):<26} "
                           f"output {show_mark(info.output_watermark)}")
         elif args.command == "read":
-            for record in read(args.stream, args.store, limit=args.limit):
+            for record in read(args.stream, args.store, limit=args.limit, unpickle=args.unpickle):
                 print(json.dumps(record._asdict(), default=repr))
         elif args.command == "status":
             while True:
@@ -131,12 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     break
                 time.sleep(args.every)
         elif args.command == "state":
-            print(json.dumps(state(args.store, args.computation, args.key), default=repr))
+            print(json.dumps(state(args.store, args.computation, args.key, unpickle=args.unpickle), default=repr))
         elif args.command == "timers":
             for timer in timers(args.store, args.computation, args.key):
                 print(json.dumps(timer._asdict()))
         elif args.command == "dead-letters":
-            for record in dead_letters(args.store, args.computation):
+            for record in dead_letters(args.store, args.computation, unpickle=args.unpickle):
                 print(json.dumps(record._asdict(), default=repr))
     except HeadraceError as exc:
         print(f"headrace: {exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import msgpack
 
 from .errors import OptionError
 
-__all__ = ["Codec", "codec_named", "CODECS"]
+__all__ = ["Codec", "codec_named", "CODECS", "fingerprint", "Pickled", "safe_loads", "shown_value"]
 
 
 @dataclass(frozen=True)
@@ -58,3 +59,55 @@ def codec_named(codec: str | Codec) -> Codec:
             got=codec,
             hint=f"use one of {sorted(CODECS)} or a headrace.codecs.Codec(name, encode, decode)",
         ) from None
+
+
+def fingerprint(codec: Codec) -> str:
+    """What a store records of a computation's codec: a built-in codec's name; for one of your
+    own, its name and where its functions live (two codecs of one name that differ there differ)."""
+    if CODECS.get(codec.name) is codec:
+        return codec.name
+
+    def where(f: Callable[..., Any]) -> str:
+        return f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__name__)}"
+    return f"{codec.name} ({where(codec.encode)}, {where(codec.decode)})"
+
+
+# What a safe decode may construct besides the data pickle spells with opcodes of its own (None, bool,
+# int, float, str, bytes, bytearray, list, tuple, dict, set, frozenset): types whose constructors
+# only build a value. Nothing else is looked up, so nothing else runs.
+_SAFE_GLOBALS = {
+    ("builtins", "complex"), ("builtins", "set"), ("builtins", "frozenset"), ("collections", "OrderedDict"),
+    ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"), ("datetime", "timedelta"),
+    ("datetime", "timezone"), ("decimal", "Decimal"),
+}
+
+
+@dataclass(frozen=True)
+class Pickled:
+    """A pickled value a safe decode would not construct: shown by its size, never unpickled."""
+
+    size: int
+
+    def __repr__(self) -> str:
+        return f"<pickled, {self.size} bytes; pass --unpickle to decode it (unpickling runs code the store's writer chose)>"
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def safe_loads(data: bytes) -> Any:
+    """``data`` unpickled if it holds plain data only (see ``_SAFE_GLOBALS``), else ``Pickled``:
+    no class or function the bytes name is looked up, so no code they choose runs."""
+    try:
+        return _SafeUnpickler(io.BytesIO(data)).load()
+    except Exception:  # any malformed or non-plain pickle: shown, not decoded
+        return Pickled(len(data))
+
+
+def shown_value(data: bytes, unpickle: bool) -> Any:
+    """A pickled value as an inspection tool shows it: decoded in full only when asked to."""
+    return pickle.loads(data) if unpickle else safe_loads(data)

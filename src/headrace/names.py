@@ -117,6 +117,11 @@ class meta:
         return f"schema:{stream}"
 
     @staticmethod
+    def codec(computation: str) -> str:
+        """The fingerprint (``codecs.fingerprint``) of the codec a computation's state is in."""
+        return f"codec:{computation}"
+
+    @staticmethod
     def fences(computation: str) -> str:
         return f"fences:{computation}"
 

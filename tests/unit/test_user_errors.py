@@ -220,10 +220,15 @@ def test_dedup_applies_to_the_streams_injected_at_least_once() -> None:
 
 def test_reading_a_stream_nobody_produces_lists_the_known_streams(tmp_path: Any) -> None:
     from headrace import read
-    from headrace.errors import UnknownStreamError
+    from headrace.errors import StoreError, UnknownStreamError
     from headrace.store import open_store
 
     url = f"sqlite:///{tmp_path}/s.db"
+    with pytest.raises(StoreError, match=exact(
+            f"No store at {tmp_path}/s.db (got '{url}'). Hint: check --store (sqlite:///relative/file.db or "
+            "sqlite:////absolute/file.db): a run creates its store, the tools only read one")):
+        read("wrods", url)  # a mistyped path is not a new, empty store
+    open_store(url).close()
     with pytest.raises(UnknownStreamError, match=exact(
             f"No producer writes stream 'wrods' in sqlite:///{tmp_path}/s.db (got 'wrods'). Hint: nothing has run "
             "on this store yet: run the topology first, or check store=")):

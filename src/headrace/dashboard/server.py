@@ -33,9 +33,10 @@ STATIC = resources.files("headrace.dashboard") / "static"
 PLOTLY = resources.files("plotly") / "package_data"
 
 
-def make_app(store_url: str, window_ms: int = 5 * 60_000) -> bottle.Bottle:
-    """The WSGI app of the dashboard of the store at ``store_url`` (opened once, shared under a lock)."""
-    store = open_store(store_url)
+def make_app(store_url: str, window_ms: int = 5 * 60_000, unpickle: bool = False) -> bottle.Bottle:
+    """The WSGI app of the dashboard of the store at ``store_url`` (opened once, shared under a lock).
+    A key's pickled state is decoded only as plain data unless ``unpickle`` (docs/security.md)."""
+    store = open_store(store_url, read_only=True)  # it only looks: a read-only role or file serves
     history = History(store, window_ms)
     lock = threading.Lock()
     app = bottle.Bottle()
@@ -82,7 +83,7 @@ def make_app(store_url: str, window_ms: int = 5 * 60_000) -> bottle.Bottle:
             if not computation or name is None:
                 raise OptionError("A key lookup needs a computation and a key", got=dict(bottle.request.query),
                                   hint="/api/key?computation=WindowCounter&key=cats")
-            return {"computation": computation, "key": name, "state": state(store.url, computation, name),
+            return {"computation": computation, "key": name, "state": state(store.url, computation, name, unpickle=unpickle),
                     "timers": [t._asdict() for t in timers(store.url, computation, name)]}
         return as_json(work)
 
@@ -110,9 +111,10 @@ class _Quiet(WSGIRequestHandler):
 class Dashboard:
     """``Dashboard(store).start()`` serves in a background thread; ``url`` is where; ``stop()``."""
 
-    def __init__(self, store: str, host: str = "127.0.0.1", port: int = 0, window_ms: int = 5 * 60_000):
+    def __init__(self, store: str, host: str = "127.0.0.1", port: int = 0, window_ms: int = 5 * 60_000,
+                 unpickle: bool = False):
         check_port(port)
-        self.app = make_app(store, window_ms)
+        self.app = make_app(store, window_ms, unpickle)
         try:
             self.guard = Guard(self.app, host)
             self.server = make_server(host, port, self.guard, server_class=_Threads, handler_class=_Quiet)

@@ -2,35 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
-from ..codecs import CODECS, Codec, codec_named
+from ..codecs import CODECS, Codec, codec_named, shown_value
 from ..errors import OptionError
 from ..model import Record, Timer
 from ..store import Store, open_store
 from .graph import recorded_graphs
 
-__all__ = ["state", "timers", "dead_letters"]
+__all__ = ["state", "timers", "dead_letters", "stored_records"]
 
 
-def state(store: str, computation: str, key: str, codec: str | Codec | None = None) -> Any:
+def state(store: str, computation: str, key: str, codec: str | Codec | None = None, *,
+          unpickle: bool = False) -> Any:
     """The state ``computation`` holds for ``key``, decoded with its codec (the one its run
-    recorded; pass ``codec=`` for a codec of your own, which the store knows only by name)."""
-    db = open_store(store)
+    recorded; pass ``codec=`` for a codec of your own, which the store knows only by name).
+
+    A pickled state is decoded only as far as it is plain data (``codecs.safe_loads``: no code
+    runs), else shown as ``Pickled(size)``; ``unpickle=True`` unpickles it in full, which runs
+    whatever code the bytes name (docs/security.md)."""
+    db = open_store(store, read_only=True)
     try:
         spec = _computation(db, computation)
         raw = db.state(computation, key)
         if raw is None:
             _unknown_key(db, computation, key, has_timers=bool(db.timers(computation, key)))
             return None
-        return _codec(computation, spec, codec).decode(raw)
+        chosen = _codec(computation, spec, codec)
+        return shown_value(raw, unpickle) if chosen is CODECS["pickle"] else chosen.decode(raw)
     finally:
         db.close()
 
 
 def timers(store: str, computation: str, key: str) -> list[Timer]:
     """The timers pending for ``key`` in ``computation``, earliest first."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         _computation(db, computation)
         pending = [Timer(t.tag, t.timestamp, t.domain) for t in db.timers(computation, key)]
@@ -41,10 +47,11 @@ def timers(store: str, computation: str, key: str) -> list[Timer]:
         db.close()
 
 
-def dead_letters(store: str, computation: str) -> list[Record]:
+def dead_letters(store: str, computation: str, *, unpickle: bool = False) -> list[Record]:
     """What ``computation`` sent to ``<computation>.dead_letter``: each value names the record (or
-    timer), the key and the error (docs/architecture.md §3.11)."""
-    db = open_store(store)
+    timer), the key and the error (docs/architecture.md §3.11). Values are decoded as ``state``
+    decodes a pickled state: in full only with ``unpickle=True``."""
+    db = open_store(store, read_only=True)
     try:
         spec = _computation(db, computation)
         stream = f"{computation}.dead_letter"
@@ -56,11 +63,17 @@ def dead_letters(store: str, computation: str) -> list[Record]:
         for producer in db.stream_producers(stream):
             last = db.latest_batch(producer)
             if last is not None:
-                out.extend(Record(r.key, r.value, r.timestamp, r.id)  # type: ignore[arg-type]
-                           for _, r in db.read_segments(stream, producer, 0, last.batch))
+                out.extend(stored_records(db, stream, producer, 0, last.batch, unpickle))
         return out
     finally:
         db.close()
+
+
+def stored_records(db: Store, stream: str, producer: str, after: int, upto: int, unpickle: bool) -> Iterator[Record]:
+    """``producer``'s records on ``stream`` in batches (after, upto], values as ``shown_value`` shows them."""
+    for _, seg in db.read_segment_columns(stream, producer, after, upto):
+        values = [shown_value(v, unpickle) for v in seg.raw_values]
+        yield from (Record(*r) for r in zip(seg.keys, values, seg.timestamps, seg.ids))  # type: ignore[arg-type]
 
 
 def _computation(db: Store, name: str) -> dict[str, Any]:

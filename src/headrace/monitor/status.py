@@ -25,7 +25,7 @@ RECENT_MS = 10_000  # "recent": records/s and commit intervals are measured over
 def status(store: str, now_ms: int | None = None) -> dict[str, Any]:
     """Every injector and computation in ``store``: topology, watermarks and lags, throughput,
     backlog, counters, owners, last error, and the active lag alerts. JSON-serialisable."""
-    db = open_store(store)
+    db = open_store(store, read_only=True)
     try:
         return status_of(db, now_ms)
     finally:

@@ -22,6 +22,7 @@ from ..errors import HeadraceError, OptionError, UserCodeError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..monitor.events import blamed, record_error
 from ..monitor.graph import record_topology
+from ..monitor.owners import check_owners, record_codecs
 from ..monitor.watch import Watcher, announce_metrics, check_metrics_port
 from ..names import MODES, meta, parse_producer, sink_reader
 from ..plans import consumer_of, producers_of, routing_plan
@@ -90,6 +91,7 @@ class Driver:
         self.trim_every_s, self._trimmed_at = trim_every_s, 0.0
         self.driver_id = uuid.uuid4().hex[:12]
         claim_mode(self.store, topology, self.mode)
+        check_owners(self.store, topology)
         self.checkpoint_root = checkpoint_root(self.store, topology.name, checkpoint_dir)
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
         self.sinks: list[SinkQuery] = []
@@ -120,6 +122,7 @@ class Driver:
     def _record_topology(self) -> None:
         record_topology(self.store, self.topology, self.mode,
                         {s: self.producers(s) for s in self.topology.streams()})
+        record_codecs(self.store, self.topology)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

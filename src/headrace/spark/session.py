@@ -12,7 +12,7 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-__all__ = ["spark_session", "ui_url", "worker_python"]
+__all__ = ["spark_session", "ui_url", "worker_python", "ui_bind_address"]
 
 _LOCAL_MASTER = re.compile(r"local(\[[^\]]*\])?")
 
@@ -82,6 +82,18 @@ def _write_launcher(text: str) -> str:
     return _launcher_path
 
 
+def ui_bind_address(master: str) -> str | None:
+    """What ``SPARK_LOCAL_IP`` a session this process creates for ``master`` should start with, or
+    ``None`` to leave it alone. Spark's UI (Spark 4.3 too) binds to ``SPARK_LOCAL_IP``, or to every
+    interface: anyone who reaches the machine could read the jobs and kill them. On a local master
+    nothing outside this machine talks to the driver, so its UI (and driver) bind to loopback; a
+    ``SPARK_LOCAL_IP`` of the user's own wins. On a cluster the executors must reach the driver,
+    and Spark's own rules hold (docs/security.md)."""
+    if not _LOCAL_MASTER.fullmatch(master) or os.environ.get("SPARK_LOCAL_IP"):
+        return None
+    return "127.0.0.1"
+
+
 @contextmanager
 def _env(name: str, value: str | None) -> Iterator[None]:
     """``name`` set to ``value`` (when not None) for the block only."""
@@ -126,8 +138,9 @@ def spark_session(master: str = "local[*]", app_name: str = "headrace", conf: di
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     # SparkContext reads PYSPARK_PYTHON when it is created (a running one keeps its own); the
-    # launcher is the workers' alone, so the variable goes back to what it was
-    with _env("PYSPARK_PYTHON", worker_python(master)):
+    # launcher is the workers' alone, so the variable goes back to what it was; the JVM it starts
+    # reads SPARK_LOCAL_IP once, as it starts
+    with _env("PYSPARK_PYTHON", worker_python(master)), _env("SPARK_LOCAL_IP", ui_bind_address(master)):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(HeadraceSource)

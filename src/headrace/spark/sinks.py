@@ -114,11 +114,14 @@ class JdbcWrite:
         from psycopg import sql
 
         with psycopg.connect(libpq_url(self.jdbc, self.spec.properties), autocommit=True) as conn:
-            table = sql.Identifier(*self.table.split("."))
-            exists = conn.execute("SELECT to_regclass(%s)", (self.table,)).fetchone()
-            if exists and exists[0] is not None:
+            # the table Spark's writer made: it sends ``table`` as SQL text, so PostgreSQL folds an
+            # unquoted mixed-case name to lower case; to_regclass reads the text the same way, and
+            # regclass prints the table's name quoted wherever it must be
+            found = conn.execute("SELECT to_regclass(%s)::text", (self.table,)).fetchone()
+            if found and found[0] is not None:
                 conn.execute(sql.SQL("DELETE FROM {} WHERE (producer, batch) IN (SELECT * FROM unnest(%s::text[], "
-                                     "%s::bigint[]))").format(table), ([p for p, _ in pairs], [b for _, b in pairs]))
+                                     "%s::bigint[]))").format(sql.SQL(found[0])),
+                             ([p for p, _ in pairs], [b for _, b in pairs]))
 
 
 def start_sinks(spark: Any, topology: Topology, url: str, checkpoint_root: str, trigger_ms: int) -> list[SinkQuery]:

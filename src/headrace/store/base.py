@@ -7,7 +7,7 @@ journal) plus what runners and tools need around them. Implementations: ``SQLite
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from ..engine.ports import BatchInfo, IntervalStore, StoredRecord
 from .connection import Failpoint
@@ -47,6 +47,7 @@ class Store(IntervalStore, Protocol):
         ...
 
     failpoint: Failpoint | None
+    segment_limit: int  # bytes: a larger segment is stored in pieces
 
     # -- writers --------------------------------------------------------------------------------
     def register(self, computation: str, shards: int, mode: str = ...) -> None: ...
@@ -86,6 +87,7 @@ class Store(IntervalStore, Protocol):
 
     # -- reading back -------------------------------------------------------------------------------
     def state(self, computation: str, key: str) -> bytes | None: ...
+    def recode_state(self, computation: str, recode: Callable[[bytes], bytes]) -> int: ...
     def counters(self, computation: str) -> dict[str, int]: ...
     def shard_versions(self, computation: str) -> dict[int, int]: ...
     def close(self) -> None: ...

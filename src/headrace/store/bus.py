@@ -12,7 +12,7 @@ from ..engine.ports import BatchInfo, Head, RoutedSegment, SegmentColumns, Store
 from ..errors import FencedWriterError, StaleBatchError
 from ..schema import StreamSchema
 from .connection import Connection
-from .segments import routed_table, segment_columns, segment_table, to_bytes
+from .segments import DEFAULT_SEGMENT_LIMIT, PIECE_SLOT, pieces, routed_table, segment_columns, segment_table
 
 __all__ = ["BusQueries", "BATCH_COLUMNS"]
 
@@ -20,7 +20,10 @@ BATCH_COLUMNS = "producer, batch, input_watermark, output_watermark, completed_a
 
 
 class BusQueries(Connection):
-    """Streams, segments, routed segments and the journal."""
+    """Streams, segments, routed segments and the journal. A segment larger than ``segment_limit``
+    bytes is stored in pieces (``segments.pieces``), which readers read in order as segments."""
+
+    segment_limit: int = DEFAULT_SEGMENT_LIMIT  # open_store sets HEADRACE_SEGMENT_BYTES's
 
     # -- the journal ------------------------------------------------------------------------------
     def _journal(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
@@ -173,21 +176,24 @@ class BusQueries(Connection):
     def _write_segments(self, producer: str, batch: int, slot: int, records: Mapping[str, Sequence[Production]],
                         schemas: Mapping[str, StreamSchema], routing: Routing | None) -> None:
         """Each stream's segment, and the routed segments of ``routing`` (rows index each stream's records)."""
-        now = self.now()
+        now, limit = self.now(), self.segment_limit
         tables = {stream: segment_table(ps, schemas.get(stream)) for stream, ps in records.items() if ps}
         self._xmany("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream, producer, batch, shard) "
                     "DO UPDATE SET count = excluded.count, data = excluded.data, created_at = excluded.created_at",
-                    [(stream, producer, batch, slot, t.num_rows, to_bytes(t), now) for stream, t in tables.items()])
+                    [(stream, producer, batch, slot + i * PIECE_SLOT, n, data, now) for stream, t in tables.items()
+                     for i, (n, data) in enumerate(pieces(t, limit))])
         if routing is not None and routing.routes:
             self._put_routes(producer, batch, slot, tables, routing.routes)
 
     def _put_routes(self, producer: str, batch: int, slot: int, tables: Mapping[str, Any],
                     routes: Sequence[Routed]) -> None:
+        limit = self.segment_limit
         self._xmany("INSERT INTO routes VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(consumer, dest, producer, batch, "
                     "stream, slot) DO UPDATE SET count = excluded.count, data = excluded.data",
-                    [(r.consumer, r.dest, producer, batch, r.stream, slot, len(r.rows),
-                      to_bytes(routed_table(tables[r.stream], r.rows, r.keys, r.errors)))
-                     for r in routes if r.stream in tables])
+                    [(r.consumer, r.dest, producer, batch, r.stream, slot + i * PIECE_SLOT, n, data)
+                     for r in routes if r.stream in tables
+                     for i, (n, data) in enumerate(pieces(routed_table(tables[r.stream], r.rows, r.keys, r.errors),
+                                                          limit))])
 
     def read_routes(self, consumer: str, ranges: Sequence[tuple[str, int, int]],
                     dests: Sequence[int] | None = None) -> Iterator[RoutedSegment]:

@@ -17,8 +17,9 @@ from typing import Any, Callable, Sequence
 from ..errors import StoreError
 from .connection import Failpoint
 from .redact import redact_url
-from .schema import NEWEST_TABLES, schema_statements
+from .schema import schema_statements
 from .sql import SQLStore
+from .versions import check_schema
 
 __all__ = ["PostgresStore", "channel"]
 
@@ -67,7 +68,7 @@ class PostgresStore(SQLStore):
     GREATEST = "GREATEST"
 
     def __init__(self, url: str, *, failpoint: Failpoint | None = None, clock: Callable[[], int] | None = None,
-                 name: str | None = None):
+                 name: str | None = None, read_only: bool = False):
         import psycopg
         from psycopg import pq
 
@@ -89,13 +90,29 @@ class PostgresStore(SQLStore):
             reason = redact_url(' '.join(str(e).split()))
             raise StoreError(f"Cannot connect to the PostgreSQL store: {reason}", got=redact_url(url),
                              hint="start the server and check host, port, user and database in the URL") from None
-        if any(self._one("SELECT to_regclass(?)", (table,))[0] is None for table in NEWEST_TABLES):
-            # only when missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
-            with self._transaction():
-                self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
-                for statement in [*schema_statements("postgresql"), *WAKE_UPS]:
-                    self._db.execute(statement)
+        try:
+            if read_only:  # a tool that only reads: the server refuses any write of this session
+                self._x("SET default_transaction_read_only = on")
+            check_schema(self, read_only)
+        except BaseException:
+            self._db.close()
+            raise
         self._db.add_notify_handler(self._on_notify)
+
+    def _table_columns(self) -> dict[str, set[str]]:
+        tables: dict[str, set[str]] = {}
+        for table, column in self._all("SELECT table_name, column_name FROM information_schema.columns "
+                                       "WHERE table_schema = current_schema()"):
+            tables.setdefault(str(table), set()).add(str(column))
+        return tables
+
+    def _lock_schema(self) -> None:
+        self._x("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+
+    def _create_schema(self) -> None:
+        # only when a table or the version is missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
+        for statement in [*schema_statements("postgresql"), *WAKE_UPS]:
+            self._db.execute(statement)
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self._db.execute(self._translate(sql), params)

@@ -7,7 +7,7 @@ blob first (67 ms a status round over a 54 MB bus, 0.03 ms from the index)."""
 
 from __future__ import annotations
 
-__all__ = ["schema_statements", "NEWEST_TABLES"]
+__all__ = ["schema_statements"]
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS computations(
@@ -67,9 +67,6 @@ CREATE TABLE IF NOT EXISTS samples(
   name TEXT, at {INT}, records {INT} NOT NULL, input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
   backlog {INT} NOT NULL, PRIMARY KEY(name, at)){TABLE}
 """
-
-# A store whose database lacks one of these was made before the tables added last: create what is missing.
-NEWEST_TABLES = ("partials", "samples", "routes", "interval_groups")
 
 _DIALECTS = {
     "sqlite": {"INT": "INTEGER", "BLOB": "BLOB", "TABLE": " WITHOUT ROWID"},

@@ -7,6 +7,7 @@ two of every record (a monoid's fold, §3.13) reads those columns and unpickles 
 
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any, Sequence
 
@@ -14,15 +15,45 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine.batch import Production
+from ..errors import OptionError
 from ..model import END_OF_TIME
 from ..schema import StreamSchema
 
-__all__ = ["SEGMENT_SCHEMA", "encode_segment", "segment_table", "routed_table", "to_bytes", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
+__all__ = ["SEGMENT_SCHEMA", "PIECE_SLOT", "segment_limit", "pieces", "encode_segment", "segment_table", "routed_table", "to_bytes", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
 FIELDS = "fields"
 ERROR = "error"  # a routed segment's reason a record has no key (None where it has one)
 _SCHEMA_KEY = b"headrace.fields"  # the field columns' schema (its fingerprint), in the Arrow schema's metadata
+
+# A segment larger than the limit is stored as pieces, piece i at slot ``slot + i * PIECE_SLOT``
+# (slots below it: a shard, plus weak resends at ``k * WEAK_SLOT``), read back in slot order:
+# SQLite's and PostgreSQL's blobs stop at 1 GB, and a batch past it could never commit.
+PIECE_SLOT = 1 << 40
+DEFAULT_SEGMENT_LIMIT = 256 << 20
+SEGMENT_LIMIT_ENV = "HEADRACE_SEGMENT_BYTES"
+
+
+def segment_limit() -> int:
+    """The largest segment stored whole, in bytes: ``HEADRACE_SEGMENT_BYTES``, else 256 MiB."""
+    value = os.environ.get(SEGMENT_LIMIT_ENV, "")
+    if not value:
+        return DEFAULT_SEGMENT_LIMIT
+    if not value.isdigit() or int(value) < 1:
+        raise OptionError(f"{SEGMENT_LIMIT_ENV} must be a whole number of bytes >= 1", got=value,
+                          hint=f"e.g. {SEGMENT_LIMIT_ENV}=268435456 (256 MiB, the default); leave it unset for that")
+    return int(value)
+
+
+def pieces(table: pa.Table, limit: int) -> list[tuple[int, bytes]]:
+    """``table`` as segments of at most ``limit`` bytes each (a single record larger than that is
+    one piece of its own), in order, each with its row count."""
+    data = to_bytes(table)
+    if len(data) <= limit or table.num_rows <= 1:
+        return [(table.num_rows, data)]
+    parts = min(table.num_rows, -(-len(data) // limit))
+    step = -(-table.num_rows // parts)
+    return [p for at in range(0, table.num_rows, step) for p in pieces(table.slice(at, step), limit)]
 
 
 def encode_segment(records: list[Production], schema: StreamSchema | None = None) -> bytes:

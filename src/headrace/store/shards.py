@@ -11,7 +11,7 @@ from ..engine.batch import DueTimer, Production, QuietReport, ShardCommit, Shard
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..names import id_sequence
 from .intervals import IntervalQueries
-from .segments import segment_rows
+from .segments import PIECE_SLOT, segment_rows
 
 __all__ = ["ShardQueries", "WEAK_SLOT"]
 
@@ -234,7 +234,8 @@ class ShardQueries(IntervalQueries):
         slot = c.shard
         if resend and by_stream:
             sent = self._one("SELECT COUNT(*) FROM segments WHERE producer = ? AND batch = ? AND shard % ? = ? "
-                             "AND stream = ?", (c.producer, c.batch, WEAK_SLOT, c.shard, min(by_stream)))[0]
+                             "AND shard < ? AND stream = ?",
+                             (c.producer, c.batch, WEAK_SLOT, c.shard, PIECE_SLOT, min(by_stream)))[0]
             slot += WEAK_SLOT * int(sent)
         self._write_segments(c.producer, c.batch, slot, by_stream, {}, c.routing)
 
@@ -270,8 +271,8 @@ class ShardQueries(IntervalQueries):
 
     def committed_productions(self, computation: str, shard: int, batch: int) -> list[Production]:
         out: list[Production] = []
-        for stream, data in self._all("SELECT stream, data FROM segments WHERE producer = ? AND batch = ? AND shard = ?",
-                                      (computation, batch, shard)):
+        for stream, data in self._all("SELECT stream, data FROM segments WHERE producer = ? AND batch = ? "
+                                      "AND shard % ? = ? ORDER BY shard", (computation, batch, PIECE_SLOT, shard)):
             out.extend(Production(stream, *r) for r in segment_rows(data))
         out.sort(key=lambda p: id_sequence(p.id))
         return out

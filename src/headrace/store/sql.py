@@ -6,6 +6,7 @@ phrases that differ. Here: registration and writers, ``meta`` rows, and reading 
 from __future__ import annotations
 
 import uuid
+from typing import Callable
 
 from ..engine.batch import DueTimer
 from ..errors import StoreError
@@ -14,11 +15,12 @@ from ..names import MICROBATCH
 from .monitoring import MonitorQueries
 from .retention import RetentionQueries
 from .shards import WEAK_SLOT, ShardQueries
+from .versions import Versioned
 
 __all__ = ["SQLStore"]
 
 
-class SQLStore(ShardQueries, MonitorQueries, RetentionQueries):
+class SQLStore(ShardQueries, MonitorQueries, RetentionQueries, Versioned):
     """Everything but the dialect. Subclasses set the class attributes and implement the hooks."""
 
     # -- writers --------------------------------------------------------------------------------
@@ -79,6 +81,14 @@ class SQLStore(ShardQueries, MonitorQueries, RetentionQueries):
         with self._transaction():
             self._x("INSERT INTO meta VALUES ('instance', ?) ON CONFLICT(name) DO NOTHING", (uuid.uuid4().hex,))
             return str(self._one("SELECT value FROM meta WHERE name = 'instance'")[0])
+
+    def recode_state(self, computation: str, recode: Callable[[bytes], bytes]) -> int:
+        """Rewrite every state value of ``computation`` as ``recode`` says, in one transaction; how many."""
+        with self._transaction():
+            rows = self._all("SELECT key, value FROM state WHERE computation = ?", (computation,))
+            self._xmany("UPDATE state SET value = ? WHERE computation = ? AND key = ?",
+                        [(recode(bytes(value)), computation, key) for key, value in rows])
+        return len(rows)
 
     # -- reading back -------------------------------------------------------------------------------
     def state(self, computation: str, key: str) -> bytes | None:

@@ -7,10 +7,14 @@ import os
 import sqlite3
 import time
 from typing import Any, Callable, Sequence
+from urllib.parse import quote
+
+from ..errors import StoreError
 
 from .connection import Failpoint
 from .schema import schema_statements
 from .sql import SQLStore
+from .versions import check_schema
 
 __all__ = ["SQLiteStore"]
 
@@ -30,21 +34,43 @@ class SQLiteStore(SQLStore):
     GREATEST = "MAX"
 
     def __init__(self, path: str, *, synchronous: str = "NORMAL", failpoint: Failpoint | None = None,
-                 clock: Callable[[], int] | None = None):
+                 clock: Callable[[], int] | None = None, read_only: bool = False):
         self.path = os.path.abspath(path)
         self.url = f"sqlite:///{self.path}"
         self.failpoint = failpoint
         if clock is not None:
             self.clock = clock
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
+        if read_only:  # a tool that only reads: never creates a store where a path was mistyped
+            if not os.path.isfile(self.path):
+                raise StoreError(f"No store at {self.path}", got=self.url,
+                                 hint="check --store (sqlite:///relative/file.db or sqlite:////absolute/file.db): "
+                                      "a run creates its store, the tools only read one")
+            self._db = _read_only(self.path)
+        else:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout = 60000")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute(f"PRAGMA synchronous = {synchronous}")
-        self._db.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
+        if not read_only:
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute(f"PRAGMA synchronous = {synchronous}")
+            self._db.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
+        try:
+            check_schema(self, read_only)
+        except BaseException:
+            self._db.close()
+            raise
+        self._data_version = 0
+
+    def _table_columns(self) -> dict[str, set[str]]:
+        tables: dict[str, set[str]] = {}
+        for table, column in self._db.execute("SELECT m.name, p.name FROM sqlite_master m, pragma_table_info(m.name) p "
+                                              "WHERE m.type = 'table'"):
+            tables.setdefault(table, set()).add(column)
+        return tables
+
+    def _create_schema(self) -> None:
         for statement in schema_statements("sqlite"):
             self._db.execute(statement)
-        self._data_version = 0
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         return self._db.execute(sql, params)
@@ -102,3 +128,20 @@ class SQLiteStore(SQLStore):
 
     def close(self) -> None:
         self._db.close()
+
+
+def _read_only(path: str) -> sqlite3.Connection:
+    """``path`` opened read-only. A WAL database needs its shared-memory index (``-shm``) beside it:
+    where this process may not create one (a read-only directory) it is read as an immutable
+    snapshot, which is what a read-only copy of a store is."""
+    def connect(flags: str) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{quote(path)}?{flags}", uri=True, isolation_level=None, timeout=60,
+                               check_same_thread=False)
+
+    db = connect("mode=ro")
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+    return connect("mode=ro&immutable=1")

@@ -94,7 +94,7 @@ def test_a_port_in_use_or_out_of_range_is_refused(board: Dashboard, tmp_path: Pa
     with pytest.raises(OptionError, match=re.escape(
             f"The dashboard cannot listen on 127.0.0.1:{port}: Address already in use (got {port}). "
             "Hint: pick another port (0 takes any free one), or stop what listens there")):
-        Dashboard(f"sqlite:///{tmp_path}/other.db", port=port)
+        Dashboard(board.app.config["headrace.store"].url, port=port)
     assert cli.main(["dashboard", "--store", f"sqlite:///{tmp_path}/other.db", "--port", "70000"]) == 2
     assert capsys.readouterr().err.strip() == (
         "headrace: The dashboard's port must be an integer from 0 to 65535 (got 70000). "

@@ -79,3 +79,17 @@ def test_the_variable_is_set_for_the_sessions_creation_only(monkeypatch: pytest.
     with session._env("PYSPARK_PYTHON", "/tmp/launcher"):
         pass
     assert "PYSPARK_PYTHON" not in os.environ
+
+
+@pytest.mark.parametrize("master, own, expected", [
+    ("local[2]", None, "127.0.0.1"), ("local", None, "127.0.0.1"), ("local[*]", "", "127.0.0.1"),
+    ("local[2]", "0.0.0.0", None),  # the user's own SPARK_LOCAL_IP wins
+    ("spark://cluster:7077", None, None),  # executors elsewhere must reach the driver: Spark's own rules
+])
+def test_the_ui_of_a_local_session_binds_to_loopback_unless_the_user_chose(
+        master: str, own: str | None, expected: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if own is None:
+        monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    else:
+        monkeypatch.setenv("SPARK_LOCAL_IP", own)
+    assert session.ui_bind_address(master) == expected
