@@ -6,6 +6,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from .seen import SeenRange
+
 __all__ = ["shard_of", "shards_of", "InputRecord", "CheckedRecord", "Partial", "Production", "DueTimer", "QuietReport", "Routed", "Routing", "ShardBatch",
            "ShardSnapshot", "ShardCommit"]
 
@@ -151,7 +153,8 @@ class ShardCommit:
     state_writes: list[tuple[str, bytes | None]] = field(default_factory=list)
     timer_sets: list[DueTimer] = field(default_factory=list)
     timer_deletes: list[tuple[str, str]] = field(default_factory=list)
-    seen_ids: list[tuple[str, int]] = field(default_factory=list)
+    seen_ids: list[tuple[str, int]] = field(default_factory=list)  # ids kept exactly (engine/seen.py)
+    seen_ranges: list[SeenRange] = field(default_factory=list)  # positional ids, a range per prefix
     forget_ids_before: int | None = None
     productions: list[Production] = field(default_factory=list)
     input_watermark: int = 0

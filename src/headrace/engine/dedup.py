@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+
+from .seen import SeenIds, SeenRange, make_ranges, range_holds, split_ids
 
 __all__ = ["BloomFilter", "DedupIndex"]
 
@@ -57,19 +60,28 @@ class BloomFilter:
 
 
 class DedupIndex:
-    """Which of a batch's ids were already seen by one shard.
+    """Which of a batch's ids one shard has seen, checked a batch at a time (``engine/seen.py``).
 
-    The Bloom filter answers "certainly new" for almost every new id without touching the store;
-    a "maybe" is confirmed by ``lookup`` (the store's exact check). The filter is valid for one
-    shard version under one writer: after a commit by someone else, or under a new writer (which a
-    re-partition of the keys always brings, and which may have moved ids into the shard at the same
-    version), the caller rebuilds it from ``load_all``.
+    Positional ids are checked against the extents (prefix, low, high) of the shard's ranges,
+    kept in memory: an id outside every extent of its prefix is certainly new, and only ranges
+    that overlap a batch's numbers are read (``lookup_ranges``) and tested bit by bit. Other ids
+    go through a Bloom filter, whose "maybe" is confirmed by ``lookup`` (the store's exact check).
+    Both are valid for one shard version under one writer: after a commit by someone else, or
+    under a new writer (which a re-partition of the keys always brings, and which may have moved
+    ids into the shard at the same version), the caller rebuilds them (``load_all``,
+    ``load_extents``).
     """
 
-    def __init__(self, lookup: Callable[[list[str]], set[str]], load_all: Callable[[], Iterable[str]]):
+    def __init__(self, lookup: Callable[[list[str]], set[str]], load_all: Callable[[], Iterable[str]],
+                 lookup_ranges: Callable[[str, int, int], list[SeenRange]] = lambda prefix, low, high: [],
+                 load_extents: Callable[[], Iterable[tuple[str, int, int, int]]] = lambda: ()):
         self._lookup = lookup
         self._load_all = load_all
+        self._lookup_ranges = lookup_ranges
+        self._load_extents = load_extents
         self._bloom: BloomFilter | None = None
+        self._extents: dict[str, list[tuple[int, int]]] = {}  # prefix -> (low, high) of its ranges
+        self._ages: list[tuple[int, str, int, int]] = []  # a heap of (newest, prefix, low, high)
         self.version: int | None = None
         self.writer: int | None = None
 
@@ -79,18 +91,72 @@ class DedupIndex:
             ids = list(self._load_all())
             bloom = BloomFilter(capacity=max(100_000, 4 * len(ids)))
             bloom.add_many(ids)
+            self._extents, self._ages = {}, []
+            for prefix, low, high, newest in self._load_extents():
+                self._extents.setdefault(prefix, []).append((low, high))
+                self._ages.append((newest, prefix, low, high))
+            heapq.heapify(self._ages)
             self._bloom, self.version, self.writer = bloom, version, writer
 
     def seen(self, ids: list[str]) -> set[str]:
-        bloom = self._built("seen(ids)")
-        maybe = [i for i, hit in zip(ids, bloom.contains_many(ids)) if hit]
-        if not maybe:
-            return set()
-        return self._lookup(maybe)
+        """The ids the shard has already committed."""
+        duplicates, _ = self.check(ids, [0] * len(ids), repeats=False)
+        return {ids[i] for i in duplicates}
 
-    def committed(self, version: int, ids: Iterable[str]) -> None:
-        """The shard committed ``version`` adding ``ids``: keep the filter in step."""
-        self._built("committed(version, ids)").add_many(list(ids))
+    def check(self, ids: list[str], timestamps: list[int], repeats: bool = True) -> tuple[list[int], SeenIds]:
+        """The positions in ``ids`` of the duplicates (committed before, or, with ``repeats``, an
+        earlier position holds the same id), and the others as the seen ids to commit."""
+        bloom = self._built("check(ids, timestamps)")
+        split = split_ids(ids)
+        stamps = np.asarray(timestamps, np.int64)
+        duplicate = np.zeros(len(ids), bool)
+        ranges: list[SeenRange] = []
+        for prefix, (positions, numbers) in split.groups.items():
+            unique, first = np.unique(numbers, return_index=True)
+            if repeats and len(unique) != len(numbers):
+                duplicate[positions] = True
+                duplicate[positions[first]] = False
+            held = self._held(prefix, unique)
+            duplicate[positions[first[held]]] = True
+            fresh = ~held
+            ranges.extend(make_ranges(prefix, unique[fresh], stamps[positions[first[fresh]]]))
+        exact: list[tuple[str, int]] = []
+        if split.exact:
+            others = [ids[i] for i in split.exact]
+            maybe = [i for i, hit in zip(others, bloom.contains_many(others)) if hit]
+            known = self._lookup(maybe) if maybe else set()
+            in_batch: set[str] = set()
+            for i, rid in zip(split.exact, others):
+                if rid in known or rid in in_batch:
+                    duplicate[i] = True
+                    continue
+                if repeats:
+                    in_batch.add(rid)
+                exact.append((rid, timestamps[i]))
+        return np.flatnonzero(duplicate).tolist(), SeenIds(exact, ranges)
+
+    def _held(self, prefix: str, numbers: np.ndarray) -> np.ndarray:
+        """Which of these sorted numbers the shard's ranges under ``prefix`` hold."""
+        held = np.zeros(len(numbers), bool)
+        low, high = int(numbers[0]), int(numbers[-1])
+        if any(lo <= high and hi >= low for lo, hi in self._extents.get(prefix, ())):
+            for r in self._lookup_ranges(prefix, low, high):
+                held |= range_holds(r, numbers)
+        return held
+
+    def committed(self, version: int, seen: SeenIds, forget_before: int | None = None) -> None:
+        """The shard committed ``version`` adding ``seen`` and forgetting ranges older than
+        ``forget_before`` (as the commit did in the store): keep the index in step."""
+        self._built("committed(version, seen)").add_many([i for i, _ in seen.exact])
+        for r in seen.ranges:
+            self._extents.setdefault(r.prefix, []).append((r.low, r.high))
+            heapq.heappush(self._ages, (r.newest, r.prefix, r.low, r.high))
+        while forget_before is not None and self._ages and self._ages[0][0] < forget_before:
+            _, prefix, low, high = heapq.heappop(self._ages)
+            extents = self._extents[prefix]
+            extents.remove((low, high))
+            if not extents:
+                del self._extents[prefix]
         self.version = version
 
     def _built(self, call: str) -> BloomFilter:

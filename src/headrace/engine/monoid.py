@@ -23,7 +23,7 @@ from .batch import CheckedRecord, InputRecord, Partial, ShardBatch, ShardCommit,
 from ..names import id_prefix
 from .ports import SegmentColumns
 from .failures import dead_letter_value, user_error
-from .shard import (KeyContext, ValueCheck, add_user_counters, drop_duplicates, forget_before, invoke_on_timer,
+from .shard import (IdCheck, KeyContext, ValueCheck, add_user_counters, drop_duplicates, forget_before, invoke_on_timer,
                     new_counters, next_due)
 from .watermark import output_low_watermark
 
@@ -247,7 +247,7 @@ def process_monoid_shard(
     batch: ShardBatch,
     snapshot: ShardSnapshot,
     stored: dict[tuple[str, int], list[bytes]],
-    is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
+    check_ids: IdCheck | None = None,
     schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardCommit:
     """One shard batch of a monoid computation, uncommitted. ``stored`` holds the delta rows of
@@ -255,7 +255,7 @@ def process_monoid_shard(
     for ``process_shard``: a lone record that does not fit fails, and so does an emitted value."""
     counters = new_counters()
     checks = schemas or {}
-    records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
+    records, seen = drop_duplicates(batch, options, check_ids, counters)
     w_before, w_after = batch.watermark_before, batch.watermark_after
     ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark,
                      schemas)
@@ -368,7 +368,7 @@ def process_monoid_shard(
     return ShardCommit(
         computation=batch.computation, shard=batch.shard, batch=batch.batch, base_version=snapshot.version,
         sequencer=batch.sequencer, timer_sets=ctx.timer_sets, timer_deletes=ctx.timer_deletes,
-        seen_ids=seen_ids, forget_ids_before=forget_before(w_after, options), productions=ctx._productions,
+        seen_ids=seen.exact, seen_ranges=seen.ranges, forget_ids_before=forget_before(w_after, options), productions=ctx._productions,
         input_watermark=w_after, output_watermark=output_low_watermark(snapshot.output_watermark, w_after),
         counters={k: v for k, v in counters.items() if v}, strong_productions=options.output_semantics != "at_least_once",
         exactly_once=options.conditional_commits, productions_after_state=options.output_semantics == "at_most_once",

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Protocol, Seque
 
 from ..errors import StoreError
 from .batch import DueTimer, Production, QuietReport, Routing, ShardCommit, ShardSnapshot
+from .seen import SeenRange
 
 __all__ = ["ShardStore", "Bus", "Journal", "IntervalStore", "BatchInfo", "Head", "StoredRecord", "SegmentColumns",
            "RoutedSegment", "IntervalClaim", "Fence"]
@@ -121,9 +122,23 @@ class ShardStore(Protocol):
         """A monoid computation's delta rows of these (key, window) pairs, or of every pair of the shard."""
         ...
 
-    def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]: ...
+    def seen_ids(self, computation: str, shard: int, ids: list[str]) -> set[str]:
+        """Which of these ids the shard keeps exactly (not in its ranges)."""
+        ...
 
-    def all_seen_ids(self, computation: str, shard: int) -> Iterable[str]: ...
+    def exact_seen_ids(self, computation: str, shard: int) -> Iterable[str]: ...
+
+    def seen_ranges(self, computation: str, shard: int, prefix: str, low: int, high: int) -> list[SeenRange]:
+        """The shard's ranges of ids under ``prefix`` that overlap ``[low, high]`` (engine/seen.py)."""
+        ...
+
+    def seen_range_extents(self, computation: str, shard: int) -> Iterable[tuple[str, int, int, int]]:
+        """(prefix, low, high, newest) of each of the shard's ranges."""
+        ...
+
+    def all_seen_ids(self, computation: str, shard: int) -> Iterable[str]:
+        """Every id the shard has seen, exact or in a range."""
+        ...
 
     def commit_shard(self, commit: ShardCommit) -> None: ...
 

@@ -19,6 +19,7 @@ from ..model import Computation, ComputationOptions, MonoidComputation
 from ..names import STATE_TTL_TIMER
 from .batch import InputRecord, Production, QuietReport, Routing, ShardBatch, ShardCommit, ShardSnapshot, shard_of
 from .dedup import DedupIndex
+from .seen import SeenIds
 from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
 from .ports import IntervalStore, Journal, ShardStore
 from .routing import RoutingPlan
@@ -53,7 +54,9 @@ class DedupCache:
         if index is None:
             index = DedupIndex(
                 lambda ids: store.seen_ids(computation, shard, ids),
-                lambda: store.all_seen_ids(computation, shard),
+                lambda: store.exact_seen_ids(computation, shard),
+                lambda prefix, low, high: store.seen_ranges(computation, shard, prefix, low, high),
+                lambda: store.seen_range_extents(computation, shard),
             )
             self._indexes[key] = index
         return index
@@ -69,7 +72,8 @@ class PreparedBatch:
     def completed(self) -> ShardResult:
         """The result once ``txn`` committed."""
         if self.index is not None:
-            self.index.committed(self.commit.batch, (i for i, _ in self.commit.seen_ids))
+            self.index.committed(self.commit.batch, SeenIds(self.commit.seen_ids, self.commit.seen_ranges),
+                                 self.commit.forget_ids_before)
         return ShardResult(self.txn.productions, self.txn.state, self.commit.counters)
 
 
@@ -105,20 +109,20 @@ def prepare_shard_batch(
         snapshot = _save_offset_first(store, name, batch, snapshot)
         txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, exactly_once=False)
 
-    is_duplicate = None
+    check_ids = None
     index = None
     if options.dedup and batch.dedup_streams:
         index = (dedup_cache or DedupCache()).index(store, name, batch.shard)
         index.ensure(snapshot.version, batch.sequencer)
-        is_duplicate = index.seen
+        check_ids = index.check
     try:
         if isinstance(computation, MonoidComputation):
             commit = process_monoid_shard(computation, name, options, outputs, batch, snapshot,
                                           _stored_partials(store, name, batch, snapshot),
-                                          is_duplicate or (lambda ids: set()), schemas)
+                                          check_ids, schemas)
         else:
             commit = process_shard(computation, name, options, outputs, batch, snapshot,
-                                   is_duplicate or (lambda ids: set()), schemas)
+                                   check_ids, schemas)
     except BaseException:
         txn.abort()
         raise

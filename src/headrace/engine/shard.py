@@ -13,6 +13,7 @@ from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, 
 from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
 from ..names import STATE_TTL_TIMER, id_prefix
 from .failures import dead_letter_value, user_error
+from .seen import NO_IDS, SeenIds
 from .watermark import output_low_watermark
 
 __all__ = ["KeyContext", "process_shard", "ValueCheck"]
@@ -252,27 +253,25 @@ def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
         counters[name] = counters.get(name, 0) + n
 
 
-def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate: Callable[[list[str]], set[str]],
-                    counters: dict[str, int]) -> tuple[list[InputRecord], list[tuple[str, int]]]:
+IdCheck = Callable[[list[str], list[int]], "tuple[list[int], SeenIds]"]  # DedupIndex.check
+
+
+def drop_duplicates(batch: ShardBatch, options: ComputationOptions, check_ids: IdCheck | None,
+                    counters: dict[str, int]) -> tuple[list[InputRecord], SeenIds]:
     """The batch's records less those whose id was seen (on the streams that need the check), and
-    the ids to remember."""
+    the ids to remember: checked for the whole batch at once (``DedupIndex.check``)."""
     records = batch.records
-    seen_ids: list[tuple[str, int]] = []
-    if options.dedup and batch.dedup_streams:
-        checked = [r for r in records if r.stream in batch.dedup_streams]
-        already = is_duplicate([r.id for r in checked])
-        fresh: list[InputRecord] = []
-        in_batch: set[str] = set()
-        for r in records:
-            if r.stream in batch.dedup_streams:
-                if r.id in already or r.id in in_batch:
-                    counters["duplicates"] += 1
-                    continue
-                in_batch.add(r.id)
-                seen_ids.append((r.id, r.timestamp))
-            fresh.append(r)
-        records = fresh
-    return records, seen_ids
+    if not (options.dedup and batch.dedup_streams) or check_ids is None:
+        return records, NO_IDS
+    streams = batch.dedup_streams
+    at = None if all(r.stream in streams for r in records) else [i for i, r in enumerate(records) if r.stream in streams]
+    checked = records if at is None else [records[i] for i in at]
+    duplicates, seen = check_ids([r.id for r in checked], [r.timestamp for r in checked])
+    if duplicates:
+        counters["duplicates"] += len(duplicates)
+        dropped = set(duplicates if at is None else (at[i] for i in duplicates))
+        records = [r for i, r in enumerate(records) if i not in dropped]
+    return records, seen
 
 
 def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]] | None:
@@ -319,7 +318,7 @@ def process_shard(
     outputs: frozenset[str] | None,
     batch: ShardBatch,
     snapshot: ShardSnapshot,
-    is_duplicate: Callable[[list[str]], set[str]] = lambda ids: set(),
+    check_ids: IdCheck | None = None,
     schemas: Mapping[str, ValueCheck] | None = None,
 ) -> ShardCommit:
     """Run user code for one shard batch and return everything it changed, uncommitted.
@@ -328,7 +327,7 @@ def process_shard(
     records of them (a misfit is a failure of the record, under the ``on_error`` policy)."""
     counters = new_counters()
     checks = schemas or {}
-    records, seen_ids = drop_duplicates(batch, options, is_duplicate, counters)
+    records, seen = drop_duplicates(batch, options, check_ids, counters)
     misfits = _misfits(records, checks)
     by_key = _group_by_key(records)
     timers_by_key: dict[str, dict[str, DueTimer]] = {}
@@ -411,7 +410,8 @@ def process_shard(
         state_writes=state_writes,
         timer_sets=ctx.timer_sets,
         timer_deletes=ctx.timer_deletes,
-        seen_ids=seen_ids,
+        seen_ids=seen.exact,
+        seen_ranges=seen.ranges,
         forget_ids_before=forget_before(w_after, options),
         productions=ctx._productions,
         input_watermark=w_after,

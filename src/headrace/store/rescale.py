@@ -8,7 +8,8 @@ What is keyed by shard, and how it moves:
 - ``timers`` and ``partials`` carry their key: each row gets ``shard_of(key, new)``.
 - ``seen_ids`` carry no key, so an id cannot be placed by its key: every new shard gets every id
   of the old layout (a superset: ids are unique, so another key's id never drops a record; the
-  copies age out with the ids' garbage collection).
+  copies age out with the ids' garbage collection). So does ``seen_ranges``: the old shards'
+  ranges are merged, one prefix at a time, and every new shard gets the merged ones.
 - ``shards``: the old rows make way for ``new`` rows at the version the journal has reached, with
   the smallest input and output watermarks of the old rows (a new shard may own keys of the
   slowest old one), stamped with a fresh sequencer: every writer of the old layout is fenced.
@@ -24,6 +25,7 @@ import json
 
 from ..engine.batch import shard_of
 from ..engine.ports import Fence
+from ..engine.seen import SeenRange, merge_ranges
 from ..errors import StoreError
 from ..names import CONTINUOUS, interval, meta
 from .connection import Connection
@@ -80,6 +82,11 @@ def _rescale(store: Rescaling, computation: str, old: int, new: int, continuous:
     store._x("DELETE FROM seen_ids WHERE computation = ?", (computation,))
     store._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?)",
                  [(computation, s, i, int(ts)) for s in range(new) for i, ts in ids])
+    ranges = merge_ranges(SeenRange(p, int(lo), int(hi), int(n), bytes(b)) for p, lo, hi, n, b in store._all(
+        "SELECT prefix, low, high, newest, bits FROM seen_ranges WHERE computation = ?", (computation,)))
+    store._x("DELETE FROM seen_ranges WHERE computation = ?", (computation,))
+    store._xmany("INSERT INTO seen_ranges VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 [(computation, s, *r) for s in range(new) for r in ranges])
     store._x("DELETE FROM shards WHERE computation = ?", (computation,))
     store._x("DELETE FROM interval_groups WHERE computation = ?", (computation,))
     store._xmany("INSERT INTO shards(computation, shard, version, input_watermark, output_watermark, sequencer) "

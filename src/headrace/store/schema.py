@@ -38,6 +38,10 @@ CREATE TABLE IF NOT EXISTS seen_ids(
   computation TEXT, shard {INT}, id TEXT, timestamp {INT} NOT NULL,
   PRIMARY KEY(computation, shard, id)){TABLE};
 CREATE INDEX IF NOT EXISTS seen_ids_age ON seen_ids(computation, shard, timestamp);
+CREATE TABLE IF NOT EXISTS seen_ranges(
+  computation TEXT, shard {INT}, prefix TEXT, low {INT}, high {INT} NOT NULL, newest {INT} NOT NULL,
+  bits {BLOB} NOT NULL, PRIMARY KEY(computation, shard, prefix, low)){TABLE};
+CREATE INDEX IF NOT EXISTS seen_ranges_age ON seen_ranges(computation, shard, newest);
 CREATE TABLE IF NOT EXISTS streams(
   stream TEXT, producer TEXT, PRIMARY KEY(stream, producer)){TABLE};
 CREATE TABLE IF NOT EXISTS segments(

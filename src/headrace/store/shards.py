@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from ..engine.batch import DueTimer, Production, QuietReport, ShardCommit, ShardSnapshot
+from ..engine.seen import SeenRange, range_ids
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..names import id_sequence
 from .intervals import IntervalQueries
@@ -85,9 +86,25 @@ class ShardQueries(IntervalQueries):
         return {r[0] for r in self._all(
             f"SELECT id FROM seen_ids WHERE computation = ? AND shard = ? AND {condition}", (computation, shard, param))}
 
-    def all_seen_ids(self, computation: str, shard: int) -> Iterable[str]:
+    def exact_seen_ids(self, computation: str, shard: int) -> Iterable[str]:
         return [r[0] for r in self._all("SELECT id FROM seen_ids WHERE computation = ? AND shard = ?",
                                         (computation, shard))]
+
+    def seen_ranges(self, computation: str, shard: int, prefix: str, low: int, high: int) -> list[SeenRange]:
+        return [SeenRange(p, int(lo), int(hi), int(n), bytes(b)) for p, lo, hi, n, b in self._all(
+            "SELECT prefix, low, high, newest, bits FROM seen_ranges WHERE computation = ? AND shard = ? AND "
+            "prefix = ? AND low <= ? AND high >= ?", (computation, shard, prefix, high, low))]
+
+    def seen_range_extents(self, computation: str, shard: int) -> Iterable[tuple[str, int, int, int]]:
+        return [(p, int(lo), int(hi), int(n)) for p, lo, hi, n in self._all(
+            "SELECT prefix, low, high, newest FROM seen_ranges WHERE computation = ? AND shard = ?",
+            (computation, shard))]
+
+    def all_seen_ids(self, computation: str, shard: int) -> Iterable[str]:
+        ranges = self._all("SELECT prefix, low, high, newest, bits FROM seen_ranges WHERE computation = ? AND "
+                           "shard = ?", (computation, shard))
+        return [*self.exact_seen_ids(computation, shard),
+                *(i for p, lo, hi, n, b in ranges for i in range_ids(SeenRange(p, int(lo), int(hi), int(n), bytes(b))))]
 
     def shards_with_due_timers(self, computation: str, watermark: int, wall_clock: int) -> list[int]:
         """The shards with a due timer: two index ranges (watermark timers up to the watermark,
@@ -200,8 +217,14 @@ class ShardQueries(IntervalQueries):
         if c.seen_ids:
             self._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
                         [(c.computation, c.shard, i, ts) for i, ts in c.seen_ids])
+        if c.seen_ranges:  # a range's low is an id new to the shard when written: another range has it only as a copy
+            self._xmany("INSERT INTO seen_ranges VALUES (?, ?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT(computation, shard, prefix, low) DO NOTHING",
+                        [(c.computation, c.shard, *r) for r in c.seen_ranges])
         if c.forget_ids_before is not None:
             self._x("DELETE FROM seen_ids WHERE computation = ? AND shard = ? AND timestamp < ?",
+                    (c.computation, c.shard, c.forget_ids_before))
+            self._x("DELETE FROM seen_ranges WHERE computation = ? AND shard = ? AND newest < ?",
                     (c.computation, c.shard, c.forget_ids_before))
         step("productions")
         if (c.strong_productions or c.journal_as is not None) and not c.productions_after_state:

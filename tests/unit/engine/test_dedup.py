@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headrace.engine.dedup import BloomFilter, DedupIndex
+from headrace.engine.seen import SeenIds
 
 
 @settings(deadline=None)  # numpy's first calls are slow on a loaded machine
@@ -112,7 +113,7 @@ def test_committed_keeps_the_index_in_step_without_a_reload() -> None:
     index.ensure(1, 1)
 
     store.ids.update(["x", "y"])  # what this shard's own commit of version 2 wrote
-    index.committed(2, iter(["x", "y"]))
+    index.committed(2, SeenIds([("x", 1), ("y", 1)], []))
     index.ensure(2, 1)
     assert store.loads == 1
     assert index.version == 2
@@ -125,14 +126,14 @@ def test_a_saturated_index_is_rebuilt_bigger_at_the_same_version() -> None:
     index.ensure(1, 1)
     many = [f"id-{i}" for i in range(100_001)]  # one more than the smallest filter holds
     store.ids.update(many)
-    index.committed(2, many)
+    index.committed(2, SeenIds([(i, 1) for i in many], []))
     index.ensure(2, 1)
     assert store.loads == 2
 
 
 @pytest.mark.parametrize("call, name", [
-    (lambda index: index.seen(["a"]), "seen(ids)"),
-    (lambda index: index.committed(1, ["a"]), "committed(version, ids)"),
+    (lambda index: index.seen(["a"]), "check(ids, timestamps)"),
+    (lambda index: index.committed(1, SeenIds([("a", 1)], [])), "committed(version, seen)"),
 ])
 def test_using_the_index_before_ensure_says_what_to_call_first(call: Callable[[DedupIndex], object],
                                                                 name: str) -> None:
