@@ -13,6 +13,7 @@ import argparse
 import os
 import platform
 import random
+import statistics
 import tempfile
 import time
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from headrace import Computation, Record
 from headrace.engine import DedupCache, InputRecord, ShardBatch, run_shard_batch, shard_of
 from headrace.model import BEGINNING_OF_TIME, ComputationOptions
+from headrace.names import id_prefix, injector
 from headrace.store import open_store
 
 
@@ -28,10 +30,16 @@ class KeyedCounter(Computation):
         ctx.state = (ctx.state or 0) + 1
 
 
-def make_input(records: int, keys: int, seed: int = 7) -> list[InputRecord]:
+def make_input(records: int, keys: int, seed: int = 7, ids: str = "positional", batch: int = 50_000) -> list[InputRecord]:
+    """``ids``: "positional" as an injector gives them (``inject:in:<batch>:<n>``, batches of
+    ``batch`` records), or "arbitrary" (``r<i>``, as an injector's ``id=`` function might)."""
     rng = random.Random(seed)
     names = [f"key-{i}" for i in range(keys)]
-    return [InputRecord("in", names[rng.randrange(keys)], {"n": i}, 1_000_000 + i, f"r{i}") for i in range(records)]
+    if ids == "positional":
+        made = [f"{id_prefix(injector('in'), i // batch + 1)}{i % batch}" for i in range(records)]
+    else:
+        made = [f"r{i}" for i in range(records)]
+    return [InputRecord("in", names[rng.randrange(keys)], {"n": i}, 1_000_000 + i, made[i]) for i in range(records)]
 
 
 class BareContext:
@@ -67,8 +75,11 @@ def run_bare(data: list[InputRecord]) -> tuple[float, dict[str, Any]]:
     return time.perf_counter() - start, states
 
 
-def run_engine(data: list[InputRecord], batch_size: int, shards: int, folder: str, **options: Any) -> float:
-    store = open_store(f"sqlite:///{folder}/bench-{'-'.join(f'{k}{v}' for k, v in options.items()) or 'default'}.db")
+def run_engine(data: list[InputRecord], batch_size: int, shards: int, folder: str, label: str = "default",
+               oracle: dict[str, Any] | None = None, **options: Any) -> float:
+    """The seconds the engine takes over ``data`` in batches of ``batch_size``; with ``oracle``,
+    each key's state is read back from the store afterwards and must equal it."""
+    store = open_store(f"sqlite:///{folder}/bench-{label}.db")
     opts = ComputationOptions.from_kwargs("KeyedCounter", {"shards": shards, **options})
     store.register("KeyedCounter", shards)
     seq = store.acquire_writer("KeyedCounter")
@@ -84,8 +95,12 @@ def run_engine(data: list[InputRecord], batch_size: int, shards: int, folder: st
             batch = ShardBatch("KeyedCounter", shard, b, records, wm, wm, 0, seq, frozenset({"in"}))
             run_shard_batch(comp, "KeyedCounter", opts, None, store, batch, cache)
     elapsed = time.perf_counter() - start
-    total = sum(store.counters("KeyedCounter").values()) and store.counters("KeyedCounter")["records"]
-    assert total == len(data), f"engine processed {total} of {len(data)} records"
+    total = store.counters("KeyedCounter")["records"]
+    assert total == len(data), f"{label}: the engine processed {total} of {len(data)} records"
+    if oracle is not None:
+        codec = opts.codec
+        got = {key: codec.decode(raw) for key in oracle if (raw := store.state("KeyedCounter", key)) is not None}
+        assert got == oracle, f"{label}: the states read back differ from the bare loop's"
     store.close()
     return elapsed
 
@@ -96,6 +111,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=50_000)
     parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each engine variant, in turn; the median counts")
     parser.add_argument("--profile", action="store_true", help="profile the exactly-once variant with pyinstrument")
     args = parser.parse_args()
     if args.profile:
@@ -104,30 +120,44 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print(f"workload: keyed counter, {args.records:,} records over {args.keys:,} keys, "
-          f"batches of {args.batch:,}, {args.shards} shards")
-    data = make_input(args.records, args.keys)
+          f"batches of {args.batch:,}, {args.shards} shards; ids as an injector gives them "
+          f"(inject:in:<batch>:<n>) unless the row says otherwise")
+    data = make_input(args.records, args.keys, batch=args.batch)
+    arbitrary = make_input(args.records, args.keys, ids="arbitrary")
     bare_s, bare_states = run_bare(data)
-    bare_rate = len(data) / bare_s
-    rows = [("bare in-memory loop (dict state, no persistence)", bare_s, 1.0)]
+    rows = [("bare in-memory loop (dict state, no persistence)", bare_s)]
+    variants = [
+        (DEDUP, data, {}),
+        ("headrace engine + SQLite, exactly-once, dedup, arbitrary ids (r<i>)", arbitrary, {}),
+        ("headrace engine + SQLite, exactly-once, no dedup", data, {"dedup": False}),
+        (AT_LEAST_ONCE, data, {"semantics": "at_least_once"}),
+    ]
+    times: dict[str, list[float]] = {label: [] for label, _, _ in variants}
     with tempfile.TemporaryDirectory(prefix="headrace-bench-") as folder:
-        variants = [
-            ("headrace engine + SQLite, exactly-once, strong productions, dedup", {}),
-            ("headrace engine + SQLite, exactly-once, no dedup", {"dedup": False}),
-            ("headrace engine + SQLite, at-least-once", {"semantics": "at_least_once"}),
-        ]
-        for label, options in variants:
-            elapsed = run_engine(data, args.batch, args.shards, folder, **options)
-            rows.append((label, elapsed, bare_s / elapsed))
-    print(f"{'variant':<68} {'records/s':>12} {'vs bare':>9}")
-    for label, elapsed, ratio in rows:
-        print(f"{label:<68} {len(data) / elapsed:>12,.0f} {ratio:>8.3f}x")
-    print(f"bare loop: {bare_rate:,.0f} records/s over {len(bare_states):,} keys")
+        for repeat in range(args.repeats):  # in turn, so that the machine's drift touches each alike
+            for n, (label, records, options) in enumerate(variants):
+                times[label].append(run_engine(records, args.batch, args.shards, folder, f"{repeat}-{n}",
+                                               bare_states if repeat == 0 else None, **options))
+    rows += [(label, statistics.median(times[label])) for label, _, _ in variants]
+    print(f"each variant's states equal the bare loop's; median of {args.repeats} runs each")
+    print(f"{'variant':<72} {'records/s':>12} {'vs bare':>9}")
+    for label, elapsed in rows:
+        print(f"{label:<72} {len(data) / elapsed:>12,.0f} {bare_s / elapsed:>8.3f}x")
+    cost = statistics.median(times[DEDUP]) / statistics.median(times[AT_LEAST_ONCE]) - 1
+    print(f"exactly-once with dedup costs {cost:+.1%} in time against at-least-once without dedup "
+          f"(goal: within 15%: {'met' if cost <= 0.15 else 'NOT met'}); "
+          f"runs: {', '.join(f'{t:.2f}' for t in times[DEDUP])} s against "
+          f"{', '.join(f'{t:.2f}' for t in times[AT_LEAST_ONCE])} s")
+
+
+DEDUP = "headrace engine + SQLite, exactly-once, strong productions, dedup"
+AT_LEAST_ONCE = "headrace engine + SQLite, at-least-once"
 
 
 def profile(args: argparse.Namespace) -> None:
     from pyinstrument import Profiler
 
-    data = make_input(args.records, args.keys)
+    data = make_input(args.records, args.keys, batch=args.batch)
     with tempfile.TemporaryDirectory(prefix="headrace-bench-") as folder:
         profiler = Profiler(interval=0.0005)
         profiler.start()

@@ -10,16 +10,16 @@ so the check stays exact. Every other id is kept as itself, one row each.
 
 from __future__ import annotations
 
-from operator import methodcaller
+from itertools import repeat
+from operator import getitem, methodcaller
 from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 __all__ = ["SeenRange", "SeenIds", "NO_IDS", "split_ids", "make_ranges", "range_holds", "range_ids", "merge_ranges"]
 
-_LARGEST = 1 << 62  # numbers kept in a range: canonical decimals below this (int64 arithmetic stays exact)
-_DIGITS = 19  # a canonical decimal below _LARGEST has at most this many digits
-_RPARTITION = methodcaller("rpartition", ":")
+_DIGITS = 18  # numbers kept in a range have at most this many digits (int64 arithmetic stays exact)
+_POWERS = 10 ** np.arange(_DIGITS, dtype=np.int64)  # 1, 10, ..., 10**17: how many are <= n is n's digits
 _GAP = 64  # numbers further apart start a new range: a bitmap never spends more than 64 bits on a number
 
 
@@ -57,28 +57,70 @@ class Split(NamedTuple):
 
 
 def split_ids(ids: Sequence[str]) -> Split:
-    parts = list(map(_RPARTITION, ids))
-    by_prefix: dict[str, list[int]] = {}
+    """Runs of ids that share a prefix (a segment's records are contiguous) are taken apart with
+    a few calls over the run, not a few Python steps per id."""
+    found: dict[str, tuple[list[range], list[np.ndarray]]] = {}
     exact: list[int] = []
-    for i, (head, colon, tail) in enumerate(parts):
-        # canonical: ASCII digits, no leading zero, short enough; anything else is kept exactly
-        if colon and tail.isdigit() and tail.isascii() and (tail[0] != "0" or len(tail) == 1) and len(tail) <= _DIGITS:
-            group = by_prefix.get(head)
-            if group is None:
-                by_prefix[head] = [i]
-            else:
-                group.append(i)
-        else:
+    i, n = 0, len(ids)
+    while i < n:
+        rid = ids[i]
+        cut = rid.rfind(":") + 1
+        if cut == 0:
             exact.append(i)
-    groups: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for head, positions in by_prefix.items():
-        numbers = [int(parts[i][2]) for i in positions]
-        if max(numbers) >= _LARGEST:
-            exact.extend(positions)
+            i += 1
             continue
-        groups[head + ":"] = (np.asarray(positions, np.int64), np.asarray(numbers, np.int64))
+        head = rid[:cut]
+        end = _run_end(ids, i, head)
+        tails = list(map(getitem, ids[i:end], repeat(slice(cut, None))))
+        numbers = _canonical(tails)
+        if numbers is None:  # some id of the run is not positional: each is taken on its own
+            for j, tail in enumerate(tails, start=i):
+                one = _canonical([tail])
+                if one is None:
+                    exact.append(j)
+                else:
+                    _add(found, head, range(j, j + 1), one)
+        else:
+            _add(found, head, range(i, end), numbers)
+        i = end
+    groups = {head: (np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in spans]), np.concatenate(parts))
+              for head, (spans, parts) in found.items()}
     exact.sort()
     return Split(groups, exact)
+
+
+def _add(found: dict[str, tuple[list[range], list[np.ndarray]]], head: str, span: range, numbers: np.ndarray) -> None:
+    spans, parts = found.setdefault(head, ([], []))
+    spans.append(span)
+    parts.append(numbers)
+
+
+def _run_end(ids: Sequence[str], start: int, head: str) -> int:
+    """The first position after ``start`` whose id does not begin with ``head``: windows that
+    double in size, each checked in one call."""
+    step, at, n = 16, start + 1, len(ids)
+    starts = methodcaller("startswith", head)
+    while at < n:
+        window = list(map(starts, ids[at:at + step]))
+        if not all(window):
+            return at + window.index(False)
+        at += step
+        step *= 2
+    return n
+
+
+def _canonical(tails: list[str]) -> np.ndarray | None:
+    """The numbers the tails spell, if every one is a canonical decimal of at most 18 digits
+    (ASCII digits, no leading zero): else None."""
+    lengths = np.fromiter(map(len, tails), np.int64, len(tails))
+    if lengths.min() < 1 or lengths.max() > _DIGITS:
+        return None
+    joined = "".join(tails)
+    if not (joined.isascii() and joined.isdigit()):
+        return None
+    numbers = np.fromiter(map(int, tails), np.int64, len(tails))
+    digits = np.maximum(np.searchsorted(_POWERS, numbers, side="right"), 1)
+    return numbers if bool((digits == lengths).all()) else None
 
 
 def make_ranges(prefix: str, numbers: np.ndarray, timestamps: np.ndarray) -> list[SeenRange]:
