@@ -31,12 +31,17 @@ def key_of(i: int) -> str:
     return f"key-{i % KEYS}"
 
 
+def record_id(batch: int, i: int) -> str:
+    """Half the ids positional, as an injector gives them (kept as ranges), half arbitrary (kept exactly)."""
+    return f"inject:in:{batch}:{i}" if i % 2 else f"in-{batch}-{i}"
+
+
 def records_of(batch: int) -> dict[int, list[InputRecord]]:
     """Batch ``batch``'s input records by shard: deterministic, so every restart sees the same batch."""
     by_shard: dict[int, list[InputRecord]] = {s: [] for s in range(SHARDS)}
     for i in range(RECORDS):
         key = key_of(i)
-        by_shard[shard_of(key, SHARDS)].append(InputRecord("in", key, i, batch * 10_000 + i, f"in-{batch}-{i}"))
+        by_shard[shard_of(key, SHARDS)].append(InputRecord("in", key, i, batch * 10_000 + i, record_id(batch, i)))
     return by_shard
 
 

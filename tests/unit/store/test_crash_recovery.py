@@ -51,7 +51,8 @@ class RandomAppender(Computation):
 
 
 def records_of(batch: int, shard: int) -> list[InputRecord]:
-    return [InputRecord("in", key, {"n": i}, batch * 100 + i, f"in-{batch}-{i}")
+    """Half the ids positional, as an injector gives them (kept as ranges), half arbitrary (kept exactly)."""
+    return [InputRecord("in", key, {"n": i}, batch * 100 + i, f"inject:in:{batch}:{i}" if i % 2 else f"in-{batch}-{i}")
             for i, key in enumerate(KEYS * 2) if shard_of(key, SHARDS) == shard]
 
 

@@ -96,7 +96,7 @@ def check_store(url: str) -> tuple[dict[int, int], int]:
         assert journal == list(range(1, done + 1))
         assert all(done <= v <= done + 1 for v in versions.values()), (journal, versions)  # journaled once all shards are
 
-        expected = {(b, f"in-{b}-{i}") for s, v in versions.items() for b in range(1, v + 1) for i in INDEXES[s]}
+        expected = {(b, child.record_id(b, i)) for s, v in versions.items() for b in range(1, v + 1) for i in INDEXES[s]}
         produced = [(b, r.value) for b, r in store.read_segments(child.STREAM, child.NAME, 0, 10**9)]
         # nothing lost, nothing doubled, nothing of an interrupted batch
         assert len(produced) == len(expected) and set(produced) == expected
@@ -113,7 +113,7 @@ def check_store(url: str) -> tuple[dict[int, int], int]:
         for s, v in versions.items():
             seen = list(store.all_seen_ids(child.NAME, s))
             assert len(seen) == v * len(INDEXES[s])
-            assert set(seen) == {f"in-{b}-{i}" for b in range(1, v + 1) for i in INDEXES[s]}
+            assert set(seen) == {child.record_id(b, i) for b in range(1, v + 1) for i in INDEXES[s]}
             assert store.committed_productions(child.NAME, s, v + 1) == []
         return versions, done
     finally:
