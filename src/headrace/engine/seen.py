@@ -71,7 +71,7 @@ def split_ids(ids: Sequence[str]) -> Split:
             continue
         head = rid[:cut]
         end = _run_end(ids, i, head)
-        tails = list(map(getitem, ids[i:end], repeat(slice(cut, None))))
+        tails: list[str] = list(map(getitem, ids[i:end], repeat(slice(cut, None))))
         numbers = _canonical(tails)
         if numbers is None:  # some id of the run is not positional: each is taken on its own
             for j, tail in enumerate(tails, start=i):

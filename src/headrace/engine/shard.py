@@ -6,6 +6,7 @@ if it changed. The whole outcome becomes one ``ShardCommit``."""
 from __future__ import annotations
 
 from functools import partial
+from operator import attrgetter
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import OptionError, UnknownStreamError, UserCodeError
@@ -253,6 +254,7 @@ def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
         counters[name] = counters.get(name, 0) + n
 
 
+_STREAM, _ID, _TIMESTAMP = attrgetter("stream"), attrgetter("id"), attrgetter("timestamp")
 IdCheck = Callable[[list[str], list[int]], "tuple[list[int], SeenIds]"]  # DedupIndex.check
 
 
@@ -264,9 +266,10 @@ def drop_duplicates(batch: ShardBatch, options: ComputationOptions, check_ids: I
     if not (options.dedup and batch.dedup_streams) or check_ids is None:
         return records, NO_IDS
     streams = batch.dedup_streams
-    at = None if all(r.stream in streams for r in records) else [i for i, r in enumerate(records) if r.stream in streams]
+    at = (None if streams.issuperset(map(_STREAM, records))
+          else [i for i, r in enumerate(records) if r.stream in streams])
     checked = records if at is None else [records[i] for i in at]
-    duplicates, seen = check_ids([r.id for r in checked], [r.timestamp for r in checked])
+    duplicates, seen = check_ids(list(map(_ID, checked)), list(map(_TIMESTAMP, checked)))
     if duplicates:
         counters["duplicates"] += len(duplicates)
         dropped = set(duplicates if at is None else (at[i] for i in duplicates))
