@@ -139,6 +139,7 @@ class ShardSnapshot:
     states: dict[str, bytes]
     due_timers: list[DueTimer]
     output_watermark: int
+    sequencer: int = 0  # the shard row's writer when read (a continuous worker's state cache checks it)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .monoid import COMPACT_EVERY, process_monoid_shard, tag_window
 from .ports import IntervalStore, Journal, ShardStore
 from .routing import RoutingPlan
 from .shard import ValueCheck, process_shard
+from .statecache import StateCache
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
 
@@ -68,9 +69,12 @@ class PreparedBatch:
     txn: ShardTransaction
     commit: ShardCommit
     index: DedupIndex | None
+    state_cache: StateCache | None = None
 
     def completed(self) -> ShardResult:
         """The result once ``txn`` committed."""
+        if self.state_cache is not None:
+            self.state_cache.committed(self.commit)
         if self.index is not None:
             self.index.committed(self.commit.batch, SeenIds(self.commit.seen_ids, self.commit.seen_ranges),
                                  self.commit.forget_ids_before)
@@ -88,15 +92,22 @@ def prepare_shard_batch(
     schemas: Mapping[str, ValueCheck] | None = None,
     routing_plan: RoutingPlan | None = None,
     routing: Routing | None = None,
+    state_cache: StateCache | None = None,
 ) -> ShardResult | PreparedBatch:
     """Load the shard, drop duplicates and run user code: the batch prepared for its commit, or a
     result at once when there is nothing to commit (an earlier attempt's, re-delivered; no work).
     With a ``routing_plan``, the productions are routed for its consumers (``routing`` names the
-    plan in the journal)."""
+    plan in the journal). A continuous worker passes its ``state_cache`` (``engine/statecache.py``)."""
     monoid = isinstance(computation, MonoidComputation)
     keys = [] if monoid else list(dict.fromkeys(r.key for r in batch.records))  # a monoid's commit reads no state
-    snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock,
-                                (STATE_TTL_TIMER,) if options.state_ttl_ms is not None else ())
+    tags = (STATE_TTL_TIMER,) if options.state_ttl_ms is not None else ()
+    if monoid:
+        state_cache = None
+    if state_cache is not None:
+        snapshot = state_cache.load(store, name, batch.shard, batch.sequencer, keys, batch.watermark_after,
+                                    batch.wall_clock, tags)
+    else:
+        snapshot = store.load_shard(name, batch.shard, keys, batch.watermark_after, batch.wall_clock, tags)
     txn = ShardTransaction(name, batch.shard, batch.batch, snapshot.version, options.conditional_commits)
     if txn.already_committed:
         productions = txn.redeliver(store.committed_productions(name, batch.shard, batch.batch))
@@ -128,7 +139,7 @@ def prepare_shard_batch(
         raise
     if routing is not None and routing_plan is not None:
         commit.routing = routing._replace(routes=routing_plan.route_productions(commit.productions))
-    return PreparedBatch(txn, txn.prepare(commit), index)
+    return PreparedBatch(txn, txn.prepare(commit), index, state_cache)
 
 
 def run_shard_batch(

@@ -28,6 +28,7 @@ from .monoid import Folder
 from .ports import Fence, Head, IntervalClaim, IntervalStore
 from .routing import RoutingPlan
 from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
+from .statecache import StateCache
 
 __all__ = ["IntervalPlan", "Worker", "wall_clock_ms"]
 
@@ -69,6 +70,7 @@ class Worker:
         self.code = {p.name: p.cls() for p in plans}
         self.consumers = {p.name: p.consumer for p in plans}
         self.dedup = DedupCache()
+        self.state_cache = StateCache()  # hot keys' state of the intervals it holds (engine/statecache.py)
         self.started = clock()
         self._leases_checked = 0
         self._free_checked: int | None = None
@@ -109,6 +111,7 @@ class Worker:
             groups = self.groups[plan.name]
             for shard in [s for s, o in groups.owned.items() if held.get((plan.name, s)) != o.claim.sequencer]:
                 groups.discard(shard)
+                self.state_cache.drop(plan.name, shard)
         self._report_load()
         patient = now - self.started > self.lease_ms  # a new worker lets the preferred owners come first
         # what is free or lapsed, every third of a lease (a renewal alone finds what the driver moved to it)
@@ -131,6 +134,7 @@ class Worker:
             producers = self.consumers[plan.name].all_producers
             for shard, claim in claims.items():
                 self.fences[plan.name] = claim.fences
+                self.state_cache.drop(plan.name, shard)
                 groups.add(OwnedInterval(shard, claim), {p: claim.positions.get(p, 0) for p in producers})
             if claims:
                 self._wall_due = None  # their wall timers: look again
@@ -154,6 +158,7 @@ class Worker:
             if groups.owned:
                 self.store.release_intervals(plan.name, {s: o.claim.sequencer for s, o in groups.owned.items()})
             self.groups[plan.name] = Groups()
+        self.state_cache.clear()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -314,7 +319,7 @@ class Worker:
                        if plan.routing.subscribers else None)
             try:
                 prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
-                                               self.dedup, consumer.schemas, plan.routing, routing)
+                                               self.dedup, consumer.schemas, plan.routing, routing, self.state_cache)
                 if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
                     raise StaleBatchError(f"Interval {shard} of {plan.name!r} already has batch "
                                           f"{batch.batch}, committed by another owner", got=batch.batch,
@@ -328,6 +333,7 @@ class Worker:
     def _lose(self, plan: IntervalPlan, owned: OwnedInterval, exc: Exception) -> None:
         """Another worker owns the interval now: its writes win, this one drops it."""
         self.groups[plan.name].discard(owned.shard)
+        self.state_cache.drop(plan.name, owned.shard)
         self.fenced.append((plan.name, owned.shard, type(exc).__name__))
         if self.on_fenced is not None:
             self.on_fenced(plan.name, owned.shard, exc)

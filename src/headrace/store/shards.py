@@ -40,8 +40,8 @@ class ShardQueries(IntervalQueries):
         """The shard's version, the state of ``keys`` and of the keys with a due timer, the due
         timers, and the timers of ``keys`` tagged ``tags`` whether due or not (a state TTL's)."""
         with self._transaction(self.BEGIN_READ):
-            row = self._one("SELECT version, output_watermark FROM shards WHERE computation = ? AND shard = ?",
-                            (computation, shard))
+            row = self._one("SELECT version, output_watermark, sequencer FROM shards WHERE computation = ? AND "
+                            "shard = ?", (computation, shard))
             if row is None:
                 raise StoreError(f"Shard {shard} of {computation!r} does not exist in {self.shown_url}", got=shard,
                                  hint="register the computation with enough shards first")
@@ -62,7 +62,7 @@ class ShardQueries(IntervalQueries):
                 condition, param = self._in_list("key", wanted)
                 states = dict(self._all(
                     f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param)))
-        return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1])
+        return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1], sequencer=row[2])
 
     def load_partials(self, computation: str, shard: int,
                       windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
