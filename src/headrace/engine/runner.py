@@ -11,8 +11,10 @@ running user code again (docs/architecture.md §2.1 and §2.3).
 from __future__ import annotations
 
 import dataclasses
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from ..errors import StoreError
 from ..model import Computation, ComputationOptions, MonoidComputation
@@ -28,8 +30,25 @@ from .statecache import StateCache
 from .transaction import ShardTransaction, TxState
 from .watermark import output_low_watermark
 
-__all__ = ["ShardResult", "BatchOutcome", "PreparedBatch", "prepare_shard_batch", "run_shard_batch", "commit_together",
+__all__ = ["collector_paused", "ShardResult", "BatchOutcome", "PreparedBatch", "prepare_shard_batch", "run_shard_batch", "commit_together",
            "DedupCache", "finish_batch", "run_batch"]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for a batch (or a continuous worker's pass). A batch
+    allocates a tuple and a dict or two per record, which sets the collector off every 700
+    allocations, and its full collections walk every object alive: up to half a pass over 500,000
+    records (BENCHMARKS.md, "Where the time goes"). What a batch frees, reference counting frees;
+    cycles wait for the collector's next run after it."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @dataclass
@@ -155,12 +174,13 @@ def run_shard_batch(
     routing: Routing | None = None,
 ) -> ShardResult:
     """One shard's part of one batch, committed in one transaction (or re-delivered)."""
-    prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache, schemas,
-                                   routing_plan, routing)
-    if isinstance(prepared, ShardResult):
-        return prepared
-    prepared.txn.commit(store)
-    return prepared.completed()
+    with collector_paused():
+        prepared = prepare_shard_batch(computation, name, options, outputs, store, batch, dedup_cache, schemas,
+                                       routing_plan, routing)
+        if isinstance(prepared, ShardResult):
+            return prepared
+        prepared.txn.commit(store)
+        return prepared.completed()
 
 
 def commit_together(store: IntervalStore, prepared: list[PreparedBatch],

@@ -27,7 +27,7 @@ from .intake import Consumer, input_watermark, plan_ranges, read_keyed, records_
 from .monoid import Folder
 from .ports import Fence, Head, IntervalClaim, IntervalStore
 from .routing import RoutingPlan
-from .runner import DedupCache, PreparedBatch, ShardResult, commit_together, prepare_shard_batch
+from .runner import DedupCache, PreparedBatch, ShardResult, collector_paused, commit_together, prepare_shard_batch
 from .statecache import StateCache
 
 __all__ = ["IntervalPlan", "Worker", "wall_clock_ms"]
@@ -174,7 +174,9 @@ class Worker:
                 if now - self._leases_checked >= renew_every and self.maintain_leases():
                     woken = True
                 if woken or (self._wall_due is not None and self._wall_due <= now):
-                    if self.step():
+                    with collector_paused():
+                        worked = self.step()
+                    if worked:
                         continue
                 if self._wall_due is None:  # idle from here: when does a wall timer need a pass
                     marks = [self.store.next_wall_timer(p.name, None if len(self.groups[p.name]) == p.options.shards

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine import DedupCache, InputRecord, Partial, ShardBatch, finish_batch, run_shard_batch
+from ..engine.runner import collector_paused
 from ..engine.batch import Routing
 from ..engine.intake import Consumer, decode_rows, reject_rows
 from ..engine.routing import RoutingPlan
@@ -63,7 +64,8 @@ def make_shard_task(spec: ComputationSpec, consumer: Consumer, url: str, batch_n
         rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": []}
         for lo, hi in zip(starts, starts[1:]):
             shard = int(shards_col[lo])
-            control, records, rejected, partials = _shard_input(consumer, table.slice(lo, hi - lo))
+            with collector_paused():  # run_shard_batch pauses it too: decoding allocates as much
+                control, records, rejected, partials = _shard_input(consumer, table.slice(lo, hi - lo))
             if control is None:
                 continue
             wm_before, wm_after, wall = control
