@@ -38,6 +38,7 @@ excluded from all.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -84,6 +85,7 @@ class Measured(NamedTuple):
     batches: int
     rows: int
     commits_at: tuple[float, ...] = ()
+    workers: tuple[tuple[float, int], ...] = ()  # continuous mode: each worker task's start (s) and pid
 
 
 def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> Measured:
@@ -157,13 +159,16 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
         if stored != len(counts):
             counts["<state rows of other keys>"] = stored - len(counts)
         commits_at: tuple[float, ...] = ()
+        workers: tuple[tuple[float, int], ...] = ()
         if mode == "continuous":  # an interval's commits are batches of its producer Count/<i>
             journal = [store.batches(f"{spec.name}/{i}") for i in range(shards)]
             batches = max(len(b) for b in journal)
             commits_at = tuple((b.completed_at - started_ms) / 1000 for j in journal for b in j)
+            workers = tuple(sorted(((w["started_at"] - started_ms) / 1000, w["pid"]) for w in map(
+                json.loads, store.metas(f"worker:{t.name}:").values())))
         else:
             batches = len(store.batches(spec.name))
-        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"], commits_at)
+        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"], commits_at, workers)
     finally:
         store.close()
 
@@ -173,7 +178,8 @@ def warm_up(spark: Any, folder: str, tws: bool, continuous: bool) -> None:
     data = records(2_000, 100)
     run_headrace(spark, data, os.path.join(folder, "headrace"), 1_000, 2)
     if continuous:
-        run_headrace(spark, data, os.path.join(folder, "continuous"), 1_000, 2, mode="continuous")
+        for _, pid in run_headrace(spark, data, os.path.join(folder, "continuous"), 1_000, 2, mode="continuous").workers:
+            seen(pid)
     if tws:
         files = os.path.join(folder, "files")
         os.makedirs(files)
@@ -237,6 +243,17 @@ def check(label: str, got: Measured, oracle: dict[str, int], records: int) -> No
                               f"one interval), not 1 as the others")
 
 
+PIDS: set[int] = set()  # the Python worker processes continuous runs have used so far
+
+
+def seen(pid: int) -> str:
+    """Whether a worker ran in a Python process an earlier run used (Spark reuses its workers)."""
+    if pid in PIDS:
+        return "reused"
+    PIDS.add(pid)
+    return "new"
+
+
 def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float]]:
     data = records(args.records, keys)
     oracle = dict(Counter(r["key"] for r in data))
@@ -255,7 +272,8 @@ def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float
             check("headrace continuous", cont, oracle, args.records)
             rates.append(args.records / cont.seconds)
             print(f"  {keys:,} keys: continuous run {repeat + 1}: {rates[-1]:,.0f} records/s in {cont.seconds:.2f} s; "
-                  f"interval commits journaled at {', '.join(f'{t:.2f}' for t in sorted(cont.commits_at))} s",
+                  f"interval commits journaled at {', '.join(f'{t:.2f}' for t in sorted(cont.commits_at))} s; "
+                  f"workers started at {', '.join(f'{t:.2f} s (pid {pid}, {seen(pid)})' for t, pid in cont.workers)}",
                   flush=True)
         if args.repeats > 1:
             spread = max(rates) / min(rates) - 1
