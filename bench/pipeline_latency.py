@@ -239,8 +239,8 @@ def main() -> None:
           f"{args.rate:,.0f} records/s for {args.seconds:.0f} s through three stages (by user, item, user; "
           f"{args.shards} shards each) on Spark {args.master}, SQLite store")
     print(f"injector: {args.inject_batch} records per batch ({args.rate / args.inject_batch:,.0f} batches/s); "
-          f"micro-batch trigger {args.trigger_ms} ms; continuous: default workers (one per core), poll "
-          f"{defaults['poll_ms']:g} ms, lease {defaults['lease_ms']:,} ms, authority every "
+          f"micro-batch trigger {args.trigger_ms} ms; continuous: default workers (one per core), "
+          f"lease {defaults['lease_ms']:,} ms, authority every "
           f"{defaults['authority_every_ms']} ms; first {args.settle:.0f} s of each run left out")
     spark = spark_session(args.master)
     if args.compare_progress:
