@@ -56,6 +56,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from engine_throughput import make_input, run_bare  # noqa: E402
 
 from headrace import Computation, Topology, injectors, key_by, run  # noqa: E402
+from headrace.monitor.events import fenced_events  # noqa: E402
 from headrace.spark.session import spark_session  # noqa: E402
 from headrace.store import open_store  # noqa: E402
 
@@ -86,6 +87,7 @@ class Measured(NamedTuple):
     rows: int
     commits_at: tuple[float, ...] = ()
     workers: tuple[tuple[float, int], ...] = ()  # continuous mode: each worker task's start (s) and pid
+    fenced: tuple[str, ...] = ()  # continuous mode: intervals a worker lost to another (its commit refused), and when
 
 
 def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> Measured:
@@ -160,15 +162,18 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
             counts["<state rows of other keys>"] = stored - len(counts)
         commits_at: tuple[float, ...] = ()
         workers: tuple[tuple[float, int], ...] = ()
+        lost: tuple[str, ...] = ()
         if mode == "continuous":  # an interval's commits are batches of its producer Count/<i>
             journal = [store.batches(f"{spec.name}/{i}") for i in range(shards)]
             batches = max(len(b) for b in journal)
             commits_at = tuple((b.completed_at - started_ms) / 1000 for j in journal for b in j)
             workers = tuple(sorted(((w["started_at"] - started_ms) / 1000, w["pid"]) for w in map(
                 json.loads, store.metas(f"worker:{t.name}:").values())))
+            lost = tuple(f"{e['interval']} at {(e['at'] - started_ms) / 1000:.2f} s"
+                         for e in fenced_events(store, int(started_ms)))
         else:
             batches = len(store.batches(spec.name))
-        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"], commits_at, workers)
+        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"], commits_at, workers, lost)
     finally:
         store.close()
 
@@ -273,7 +278,8 @@ def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float
             rates.append(args.records / cont.seconds)
             print(f"  {keys:,} keys: continuous run {repeat + 1}: {rates[-1]:,.0f} records/s in {cont.seconds:.2f} s; "
                   f"interval commits journaled at {', '.join(f'{t:.2f}' for t in sorted(cont.commits_at))} s; "
-                  f"workers started at {', '.join(f'{t:.2f} s (pid {pid}, {seen(pid)})' for t, pid in cont.workers)}",
+                  f"workers started at {', '.join(f'{t:.2f} s (pid {pid}, {seen(pid)})' for t, pid in cont.workers)}; "
+                  f"intervals lost to the other worker: {', '.join(cont.fenced) or 'none'}",
                   flush=True)
         if args.repeats > 1:
             spread = max(rates) / min(rates) - 1
