@@ -10,12 +10,14 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import OptionError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
-from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
+from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, produced
 from ..names import STATE_TTL_TIMER, id_prefix
-from .failures import dead_letter_value, user_error
+from .failures import dead_letter_value, invoke_on_timer, user_error
+from .poison import MAX_I64, MIN_I64, check_millis, check_text, encode_value, picklable, shown_text, storable_text
+from .watchdog import guarded
 from .watermark import output_low_watermark
 
-__all__ = ["KeyContext", "process_shard", "ValueCheck"]
+__all__ = ["KeyContext", "process_shard", "ValueCheck", "invoke_on_timer"]
 
 _UNSET: Any = object()
 
@@ -39,7 +41,7 @@ class KeyContext:
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
         "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
         "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas", "user_counters",
-        "_ttl", "_uses", "wall_clock", "_expired",
+        "_ttl", "_uses", "wall_clock", "_expired", "refires", "_fired_high",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
@@ -75,8 +77,13 @@ class KeyContext:
         self._timers = timers
         self._key_sets: dict[str, DueTimer] = {}
         self._key_deletes: set[str] = set()
+        self.refires, self._fired_high = 0, {"watermark": MIN_I64 - 1, "wall": MIN_I64 - 1}
 
     def fired(self, timer: DueTimer) -> None:
+        if timer.timestamp <= self._fired_high[timer.domain]:
+            self.refires += 1  # a timer at or before one already fired for the key in this batch: a re-arm loop?
+        else:
+            self._fired_high[timer.domain] = timer.timestamp
         del self._timers[timer.tag]
         self._key_sets.pop(timer.tag, None)
         self._key_deletes.add(timer.tag)
@@ -137,8 +144,8 @@ class KeyContext:
 
     def dead_letter(self, value: dict[str, Any], timestamp: int) -> None:
         self._seq += 1
-        self._productions.append(Production(f"{self._owner}.dead_letter", self.key, value, timestamp,
-                                            f"{self._id_prefix}{self._seq}"))
+        self._productions.append(Production(f"{self._owner}.dead_letter", shown_text(self.key), picklable(value),
+                                            min(max(timestamp, MIN_I64), MAX_I64), f"{self._id_prefix}{self._seq}"))
 
     def state_write(self) -> tuple[str, bytes | None] | None:
         """The key's state write, if its state changed (assigned, or mutated in place)."""
@@ -185,8 +192,8 @@ class KeyContext:
         return None if self._ttl is None else self._expiry(self._timestamp)
 
     def set_timer(self, tag: str, timestamp: Any, domain: str = "watermark") -> None:
-        if type(timestamp) is not int:
-            timestamp = to_millis(timestamp, "timer timestamp")
+        if type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
+            timestamp = check_millis(to_millis(timestamp, "timer timestamp"), "timer timestamp")
         if domain != "watermark":
             check_domain(domain)
         self._put_timer(DueTimer(self.key, _user_tag(tag), domain, timestamp))
@@ -207,7 +214,8 @@ class KeyContext:
     def count(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to the computation's counter ``counter``, committed with the batch (exact, as
         the engine's own counters are; ``Harness.counters``, ``headrace status``)."""
-        if type(counter) is not str or counter in ENGINE_COUNTERS or type(n) is not int:
+        if (type(counter) is not str or counter in ENGINE_COUNTERS or type(n) is not int or not storable_text(counter)
+                or not MIN_I64 <= n <= MAX_I64):
             raise OptionError("ctx.count takes a counter name of your own and an int",
                               got=(counter, n), hint=f"e.g. ctx.count('too_late'); the engine's own counters "
                                                      f"{sorted(ENGINE_COUNTERS)} are its to keep")
@@ -222,18 +230,24 @@ class KeyContext:
             )
         if stream in self._schemas:
             self._schemas[stream].require(stream, value)
+        elif self._outputs is None:
+            check_text(stream, "stream name")
         if timestamp is None:
             timestamp = self._timestamp
-        elif type(timestamp) is not int:
-            timestamp = to_millis(timestamp, "production timestamp")
+        elif type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
+            timestamp = check_millis(to_millis(timestamp, "production timestamp"), "production timestamp")
+        if key is not None:
+            check_text(key, "production's key")
+        raw = encode_value(value, f"value produced to {stream!r}")  # checked now, not at commit
         if timestamp < self._late_before:
             self.late_productions += 1
         self._seq += 1
-        self._productions.append(Production(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}"))
+        self._productions.append(produced(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}", raw))
 
 
 def _user_tag(tag: Any) -> str:
     tag = str(tag)
+    check_text(tag, "timer tag")
     if tag == STATE_TTL_TIMER:
         raise OptionError(f"Timer tag {tag!r} is the framework's own (the state TTL's timer)", got=tag,
                           hint="give your timer another tag")
@@ -339,8 +353,8 @@ def process_shard(
 
     ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark,
                      schemas)
-    process_record = computation.process_record
-    process_timer = computation.process_timer
+    process_record = guarded(computation.process_record, options.process_timeout_s, "process_record")
+    process_timer = guarded(computation.process_timer, options.process_timeout_s, "process_timer")
     w_before, w_after, wall = batch.watermark_before, batch.watermark_after, batch.wall_clock
     deliver_late = options.late == "deliver"
     dead_letters = options.on_error == "dead_letter"
@@ -423,21 +437,6 @@ def process_shard(
         positions=batch.positions,
         journal_as=batch.journal_as,
     )
-
-
-def invoke_on_timer(ctx: KeyContext, name: str, timer: DueTimer, call: Callable[[], None], what: str,
-                    counters: dict[str, int], dead_letters: bool) -> None:
-    """One invocation of user code for a fired timer: an exception fails the batch, or, with dead
-    letters, everything the invocation did is undone and the timer goes to the dead-letter stream."""
-    point = ctx.savepoint() if dead_letters else None
-    try:
-        call()
-    except Exception as exc:
-        if point is None:
-            raise user_error(name, ctx.key, what, exc) from exc
-        ctx.rollback(point)
-        ctx.dead_letter(dead_letter_value(name, ctx.key, what, exc, None, None, None), timer.timestamp)
-        counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
 
 
 def forget_before(watermark: int, options: ComputationOptions) -> int | None:
