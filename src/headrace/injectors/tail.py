@@ -33,6 +33,9 @@ HEAD = 64  # bytes of a file's beginning that tell it from another file under th
 MAX_BATCH_BYTES = 4 << 20  # one batch reads at most this much of one file
 
 
+_HEADER = object()
+
+
 class _Bad(Exception):
     pass
 
@@ -143,14 +146,17 @@ class FilesInjector(Injector):
         records: list[Any] = []
         dead: list[Any] = []
         prefix = rel if entry[6] == 0 else f"{rel}#{entry[6]}"
-        for raw in data[:end].splitlines():
+        lines = data[:end].split(b"\n")  # not splitlines: a lone "\r" inside a line is no line break
+        if lines[-1] == b"":
+            lines.pop()
+        for raw in lines:
             entry[2] += 1
             if not raw.strip():
                 continue
             rid = f"{prefix}:{entry[1]}"
             try:
                 value = self._parse(raw, entry)
-                if value is None:
+                if value is _HEADER:
                     continue
                 try:
                     stamp = self._ts(value)
@@ -164,7 +170,7 @@ class FilesInjector(Injector):
         return records, dead, more
 
     def _parse(self, raw: bytes, entry: list[Any]) -> Any:
-        """A line's value (None for a CSV header), or ``_Bad`` saying why it has none."""
+        """A line's value (``_HEADER`` for a CSV header), or ``_Bad`` saying why it has none."""
         try:
             line = raw.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as exc:
@@ -179,7 +185,7 @@ class FilesInjector(Injector):
         row = next(csv.reader([line]))
         if entry[7] is None:
             entry[7] = row  # the header: no record
-            return None
+            return _HEADER
         if len(row) > len(entry[7]):
             raise _Bad(f"{len(row)} fields under a header of {len(entry[7])}")
         return dict(zip(entry[7], row + [None] * (len(entry[7]) - len(row))))
