@@ -111,3 +111,13 @@ def test_an_unpicklable_input_value_still_makes_a_writable_dead_letter() -> None
     h.process("k", lock, 10, id="r1")
     [dead] = h.productions("Bad.dead_letter")
     assert dead.value["value"].startswith("<unpicklable lock: <unlocked _thread.lock object")
+
+
+def test_an_injected_value_that_cannot_be_pickled_goes_to_the_streams_dead_letters_not_a_failed_publish() -> None:
+    h = Harness(computation(lambda ctx, r: None), on_error="dead_letter")
+    h.inject("events", [{"user": "a", "ts": 5}, {"user": "b", "ts": 6, "lock": threading.Lock()}], key=key_by("user"),
+             timestamp="ts")
+    assert [r.value for r in h.productions("kept")] == [{"user": "a", "ts": 5}]
+    [dead] = list(h.store.read_segments("events.dead_letter", "inject:events", 0, 10))
+    assert dead[1].value["error"] == "the value (dict) cannot be pickled for the bus"
+    assert dead[1].value["record_id"] == "inject:events:1:1" and dead[1].id == "inject:events:1:1"
