@@ -29,14 +29,20 @@ def publish_injected(store: Bus, producer: str, batch: int, stream: str, records
                         dead_letters)
     except Exception:
         prefix = id_prefix(producer, batch)
-        kept = [(v, ts, rid or f"{prefix}{n}") for n, (v, ts, rid) in enumerate(records) if picklable(v) is v]
-        if len(kept) == len(records):
+        kept: list[tuple[Any, int, str | None]] = []
+        bad: list[tuple[Any, int, str | None]] = []
+        for n, (value, ts, rid) in enumerate(records):
+            rid = rid or f"{prefix}{n}"  # the id it would have had
+            shown = picklable(value)
+            if shown is value:
+                kept.append((value, ts, rid))
+            else:
+                bad.append(({"stream": stream, "record_id": rid, "value": shown, "error":
+                             f"the value ({type(value).__name__}) cannot be pickled for the bus"}, ts, rid))
+        if not bad:
             raise
-        bad = [({"stream": stream, "record_id": rid or f"{prefix}{n}", "value": picklable(v),
-                 "error": f"the value ({type(v).__name__}) cannot be pickled for the bus"}, ts, rid or f"{prefix}{n}")
-               for n, (v, ts, rid) in enumerate(records) if picklable(v) is not v]
         return _publish(store, producer, batch, stream, kept, watermark, checkpoint, schema, plan, since,
-                        [*(dead_letters or []), *bad])  # type: ignore[list-item]
+                        [*(dead_letters or []), *bad])
 
 
 def _publish(store: Bus, producer: str, batch: int, stream: str, records: list[tuple[Any, int, str | None]],
