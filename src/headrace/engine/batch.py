@@ -70,9 +70,12 @@ class Produced(Production):
 
 
 def produced(stream: str, key: str | None, value: Any, timestamp: int, id: str, raw: bytes) -> Produced:
-    p = Produced(stream, key, value, timestamp, id)
+    p = _new(Produced, (stream, key, value, timestamp, id))
     p.raw = raw
     return p
+
+
+_new = tuple.__new__
 
 
 class Routed(NamedTuple):

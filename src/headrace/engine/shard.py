@@ -6,6 +6,7 @@ if it changed. The whole outcome becomes one ``ShardCommit``."""
 from __future__ import annotations
 
 from functools import partial
+from pickle import HIGHEST_PROTOCOL, dumps
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import OptionError, UnknownStreamError, UserCodeError
@@ -230,15 +231,18 @@ class KeyContext:
             )
         if stream in self._schemas:
             self._schemas[stream].require(stream, value)
-        elif self._outputs is None:
+        elif self._outputs is None and not (type(stream) is str and stream.isascii()):
             check_text(stream, "stream name")
         if timestamp is None:
             timestamp = self._timestamp
         elif type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
             timestamp = check_millis(to_millis(timestamp, "production timestamp"), "production timestamp")
-        if key is not None:
+        if key is not None and not (type(key) is str and key.isascii()):
             check_text(key, "production's key")
-        raw = encode_value(value, f"value produced to {stream!r}")  # checked now, not at commit
+        try:  # pickled now, inside the invocation, not at commit: the segment writer reuses the bytes
+            raw = dumps(value, HIGHEST_PROTOCOL)
+        except Exception:
+            raw = encode_value(value, f"value produced to {stream!r}")  # raises what, got and hint
         if timestamp < self._late_before:
             self.late_productions += 1
         self._seq += 1
