@@ -124,3 +124,16 @@ def test_an_old_resume_point_of_basenames_resumes_without_reinjecting(tmp_path: 
     write(folder / "a" / "1.jsonl", line(3, "a"))
     again = list(inj.batches(batches[-1].checkpoint))
     assert [(v["n"], rid) for b in again for v, _, rid in b.records] == [(3, "a/1.jsonl:1")]
+
+
+def test_a_file_larger_than_one_batch_is_read_in_several_and_every_line_once(tmp_path: Path) -> None:
+    from headrace.injectors.tail import MAX_BATCH_BYTES
+
+    folder = tmp_path / "in"
+    lines = [line(n, "x" * 200) for n in range(MAX_BATCH_BYTES // 200 * 2)]
+    write(folder / "a" / "big.jsonl", "".join(lines))
+    inj = injectors.files(str(folder), timestamp="ts", pattern="*/*.jsonl", bounded=True, clock=clock)
+    batches = [b for b in inj.batches(None) if b.records]
+    assert len(batches) >= 2
+    assert [v["n"] for b in batches for v, _, _ in b.records] == list(range(len(lines)))
+    assert batches[0].watermark <= batches[-1].watermark

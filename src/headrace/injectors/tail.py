@@ -20,6 +20,7 @@ import glob
 import hashlib
 import json
 import os
+import stat
 import time
 from typing import Any, Callable, Iterator
 
@@ -74,26 +75,32 @@ class FilesInjector(Injector):
             return json.dumps({"files": files, "gen": gen}, sort_keys=True)
 
         while True:
-            found = [p for p in glob.glob(os.path.join(self.path, self.pattern)) if os.path.isfile(p)]
-            found.sort(key=lambda p: (os.path.getmtime(p), p))
+            stats = {}
+            for p in glob.glob(os.path.join(self.path, self.pattern)):
+                try:  # a file may go between the listing and the look (rotation)
+                    st = os.stat(p)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    stats[p] = st
             pending: list[tuple[str, str]] = []
-            for p in found:
+            for p in sorted(stats, key=lambda p: (stats[p].st_mtime, p)):
                 rel = os.path.relpath(p, self.path)
                 entry = files.get(rel)
-                if entry is None or not self._same_file(p, entry):
+                if entry is None or not self._same_file(p, stats[p], entry):
                     if entry is None and os.path.basename(p) in legacy:
                         entry = files[rel] = self._read_whole(p)
                     else:
-                        entry = files[rel] = [0, 0, 0, os.stat(p).st_ino, 0, "", 0 if entry is None else gen, None]
+                        entry = files[rel] = [0, 0, 0, stats[p].st_ino, 0, "", 0 if entry is None else gen, None]
                         gen += 0 if entry[6] == 0 else 1
-                if os.path.getsize(p) > entry[0]:
+                if stats[p].st_size > entry[0]:
                     pending.append((p, rel))
             for i, (p, rel) in enumerate(pending):
                 while True:
                     records, dead, more = self._read(p, rel, files[rel])
                     rest = pending[i + (0 if more else 1):]
                     # MillWheel Figure 10: the oldest creation time among files not yet read through
-                    watermark = min((int(os.path.getmtime(q) * 1000) for q, _ in rest), default=self._clock())
+                    watermark = min((int(stats[q].st_mtime * 1000) for q, _ in rest), default=self._clock())
                     if records or dead or more:
                         yield InjectedBatch(records, watermark, checkpoint(), dead)
                     if not more:
@@ -104,14 +111,16 @@ class FilesInjector(Injector):
             yield InjectedBatch([], self._clock(), checkpoint())
             time.sleep(self.poll_s)
 
-    def _same_file(self, path: str, entry: list[Any]) -> bool:
-        st = os.stat(path)
+    def _same_file(self, path: str, st: os.stat_result, entry: list[Any]) -> bool:
         if st.st_ino != entry[3] or st.st_size < entry[0]:
             return False
         if entry[4] == 0:
             return True
-        with open(path, "rb") as f:
-            return hashlib.sha1(f.read(entry[4])).hexdigest() == entry[5]
+        try:
+            with open(path, "rb") as f:
+                return hashlib.sha1(f.read(entry[4])).hexdigest() == entry[5]
+        except OSError:  # gone since: nothing to read of it now
+            return True
 
     def _read_whole(self, path: str) -> list[Any]:
         """A file the old resume format says was read whole: where its reading stopped."""
@@ -129,7 +138,11 @@ class FilesInjector(Injector):
 
     def _read(self, path: str, rel: str, entry: list[Any]) -> tuple[list[Any], list[Any], bool]:
         """The next records of one file (and its bad lines), and whether more is left to read now."""
-        with open(path, "rb") as f:
+        try:
+            f = open(path, "rb")
+        except OSError:  # gone since it was listed: what it had unread is lost with it
+            return [], [], False
+        with f:
             f.seek(entry[0])
             data = f.read(MAX_BATCH_BYTES + 1)
             if entry[4] < HEAD:
