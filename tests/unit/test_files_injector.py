@@ -136,4 +136,3 @@ def test_a_file_larger_than_one_batch_is_read_in_several_and_every_line_once(tmp
     batches = [b for b in inj.batches(None) if b.records]
     assert len(batches) >= 2
     assert [v["n"] for b in batches for v, _, _ in b.records] == list(range(len(lines)))
-    assert batches[0].watermark <= batches[-1].watermark
