@@ -32,8 +32,8 @@ class Echo(Computation):
     """Hands the store whatever came in: the value, under a key and at a time taken from it."""
 
     def process_record(self, ctx: Any, record: Any) -> None:
-        ctx.state = (ctx.state or 0) + 1
         value = record.value
+        ctx.state = [(ctx.state or [0])[0] + 1, value]  # the state holds it too
         key = value.get("key") if isinstance(value, dict) else record.key
         stamp = value.get("at") if isinstance(value, dict) and isinstance(value.get("at"), int) else None
         ctx.produce("out", {"id": record.id, "value": value}, timestamp=stamp, key=key)

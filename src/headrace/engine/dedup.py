@@ -7,7 +7,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["BloomFilter", "DedupIndex"]
+from ..model import BEGINNING_OF_TIME, ComputationOptions
+from .batch import InputRecord, ShardBatch
+
+__all__ = ["BloomFilter", "DedupIndex", "drop_duplicates", "forget_before"]
 
 
 class BloomFilter:
@@ -97,3 +100,33 @@ class DedupIndex:
         if self._bloom is None:
             raise RuntimeError(f"DedupIndex.{call} was called before ensure(version, writer): call ensure(version, writer) first")
         return self._bloom
+
+
+def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate: Callable[[list[str]], set[str]],
+                    counters: dict[str, int]) -> tuple[list[InputRecord], list[tuple[str, int]]]:
+    """The batch's records less those whose id was seen (on the streams that need the check), and
+    the ids to remember."""
+    records = batch.records
+    seen_ids: list[tuple[str, int]] = []
+    if options.dedup and batch.dedup_streams:
+        checked = [r for r in records if r.stream in batch.dedup_streams]
+        already = is_duplicate([r.id for r in checked])
+        fresh: list[InputRecord] = []
+        in_batch: set[str] = set()
+        for r in records:
+            if r.stream in batch.dedup_streams:
+                if r.id in already or r.id in in_batch:
+                    counters["duplicates"] += 1
+                    continue
+                in_batch.add(r.id)
+                seen_ids.append((r.id, r.timestamp))
+            fresh.append(r)
+        records = fresh
+    return records, seen_ids
+
+
+def forget_before(watermark: int, options: ComputationOptions) -> int | None:
+    """Seen ids older than the low watermark minus the slack are garbage: such records are late anyway."""
+    if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
+        return None
+    return watermark - options.dedup_slack_ms

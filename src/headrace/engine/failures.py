@@ -79,6 +79,8 @@ def invoke_on_timer(ctx: Any, name: str, timer: Any, call: Callable[[], None], w
                 hint="a timer handler re-arms its timer at or below the low watermark (or the wall clock), so it "
                      "fires again at once, forever: set it later than the timer that fired (timer.timestamp + period)")
         call()
+        if point is not None:
+            ctx.settle()
     except Exception as exc:
         if point is None:
             raise user_error(name, ctx.key, what, exc) from exc

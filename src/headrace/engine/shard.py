@@ -13,12 +13,13 @@ from ..errors import OptionError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
 from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, produced
 from ..names import STATE_TTL_TIMER, id_prefix
+from .dedup import drop_duplicates, forget_before
 from .failures import dead_letter_value, invoke_on_timer, user_error
 from .poison import MAX_I64, MIN_I64, check_millis, check_text, encode_value, picklable, shown_text, storable_text
 from .watchdog import guarded
 from .watermark import output_low_watermark
 
-__all__ = ["KeyContext", "process_shard", "ValueCheck", "invoke_on_timer"]
+__all__ = ["KeyContext", "process_shard", "ValueCheck", "invoke_on_timer", "drop_duplicates", "forget_before"]
 
 _UNSET: Any = object()
 
@@ -42,7 +43,7 @@ class KeyContext:
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
         "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
         "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas", "user_counters",
-        "_ttl", "_uses", "wall_clock", "_expired", "refires", "_fired_high",
+        "_ttl", "_uses", "wall_clock", "_expired", "refires", "_fired_high", "_settled",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
@@ -72,6 +73,7 @@ class KeyContext:
         self.key = key
         self._raw = raw
         self._value = _UNSET
+        self._settled: bytes | None = None
         self._touched = False
         self._uses = 0
         self._expired = False  # its stored state expired in this batch: a new value is a change
@@ -129,11 +131,20 @@ class KeyContext:
 
     def savepoint(self) -> tuple[Any, ...]:
         """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
-        raw = self._raw if self._value is _UNSET else None if self._value is None else self._encode(self._value)
+        raw = (self._raw if self._value is _UNSET else None if self._value is None else
+               self._settled if self._settled is not None else self._encode(self._value))
+        self._settled = None
         return (raw, self._value is not _UNSET, self._touched, dict(self._timers), dict(self._key_sets),
                 set(self._key_deletes), len(self._productions), self.late_productions, dict(self.user_counters))
 
+    def settle(self) -> None:
+        """With dead letters, after an invocation: the state it left must encode, or the invocation
+        fails (not the batch, at the key's end); the bytes serve the next savepoint."""
+        if self._touched and self._value is not _UNSET and self._value is not None:
+            self._settled = self._encode(self._value)
+
     def rollback(self, point: tuple[Any, ...]) -> None:
+        self._settled = None
         raw, decoded, touched, timers, key_sets, key_deletes, produced, late, self.user_counters = point
         self._value = (None if raw is None else self._codec.decode(raw)) if decoded else _UNSET
         self._touched = touched
@@ -155,7 +166,7 @@ class KeyContext:
         value = self._value
         if value is None:
             return (self.key, None) if self._raw is not None else None
-        encoded = self._encode(value)
+        encoded = self._settled if self._settled is not None else self._encode(value)  # settled: the last invocation's
         return None if encoded == self._raw and not self._expired else (self.key, encoded)
 
     def _encode(self, value: Any) -> bytes:
@@ -270,29 +281,6 @@ def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
         counters[name] = counters.get(name, 0) + n
 
 
-def drop_duplicates(batch: ShardBatch, options: ComputationOptions, is_duplicate: Callable[[list[str]], set[str]],
-                    counters: dict[str, int]) -> tuple[list[InputRecord], list[tuple[str, int]]]:
-    """The batch's records less those whose id was seen (on the streams that need the check), and
-    the ids to remember."""
-    records = batch.records
-    seen_ids: list[tuple[str, int]] = []
-    if options.dedup and batch.dedup_streams:
-        checked = [r for r in records if r.stream in batch.dedup_streams]
-        already = is_duplicate([r.id for r in checked])
-        fresh: list[InputRecord] = []
-        in_batch: set[str] = set()
-        for r in records:
-            if r.stream in batch.dedup_streams:
-                if r.id in already or r.id in in_batch:
-                    counters["duplicates"] += 1
-                    continue
-                in_batch.add(r.id)
-                seen_ids.append((r.id, r.timestamp))
-            fresh.append(r)
-        records = fresh
-    return records, seen_ids
-
-
 def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]] | None:
     """(stream, id) of the records whose value does not fit their typed stream: one check of each
     stream's column of values, rather than one per value. None if that check raised: each record
@@ -391,6 +379,8 @@ def process_shard(
                 uses = ctx._uses
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id, r.stream))
                 ctx.renew(uses)
+                if point is not None:
+                    ctx.settle()
             except Exception as exc:
                 what = f"record {r.id!r} (timestamp {r.timestamp})"
                 if point is None:
@@ -441,10 +431,3 @@ def process_shard(
         positions=batch.positions,
         journal_as=batch.journal_as,
     )
-
-
-def forget_before(watermark: int, options: ComputationOptions) -> int | None:
-    """Seen ids older than the low watermark minus the slack are garbage: such records are late anyway."""
-    if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
-        return None
-    return watermark - options.dedup_slack_ms

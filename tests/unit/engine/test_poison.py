@@ -121,3 +121,15 @@ def test_an_injected_value_that_cannot_be_pickled_goes_to_the_streams_dead_lette
     [dead] = list(h.store.read_segments("events.dead_letter", "inject:events", 0, 10))
     assert dead[1].value["error"] == "the value (dict) cannot be pickled for the bus"
     assert dead[1].value["record_id"] == "inject:events:1:1" and dead[1].id == "inject:events:1:1"
+
+
+def test_a_state_the_codec_cannot_encode_is_dead_lettered_with_its_invocation_and_the_batch_commits() -> None:
+    h = Harness(computation(lambda ctx, r: setattr(ctx, "state", threading.Lock())), on_error="dead_letter")
+    h.process("k", "fine", 5, id="good-0")
+    h.process("k", "poison", 10, id="bad-1")
+    h.process("k", "fine", 20, id="good-1")
+    [dead] = h.productions("Poisoned.dead_letter")
+    assert dead.value["record_id"] == "bad-1"
+    assert dead.value["error"].startswith("UserCodeError: Computation 'Poisoned' cannot save the state of key 'k' "
+                                          "with the 'pickle' codec (got lock value: TypeError: cannot pickle")
+    assert h.state("k") == "touched" and [r.value for r in h.productions("kept")] == ["fine", "fine"]
