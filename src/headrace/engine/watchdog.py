@@ -79,12 +79,15 @@ class _Guard:
 
     def _on_main(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
         previous = signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        started = time.monotonic()
+        other, interval = signal.setitimer(signal.ITIMER_REAL, self.seconds)  # someone else's alarm, if any
         try:
             fn(*args)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
+            if other > 0:  # put it back, less the time gone (a due one fires at once)
+                signal.setitimer(signal.ITIMER_REAL, max(other - (time.monotonic() - started), 1e-6), interval)
 
     def _on_thread(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
         global _monitor

@@ -113,3 +113,19 @@ def test_the_watchdog_works_off_the_main_thread_too() -> None:
 def test_a_bad_process_timeout_is_refused() -> None:
     with pytest.raises(OptionError, match=r"option 'process_timeout_s' must be a number of seconds > 0 or None"):
         Harness(Slow, process_timeout_s=0)
+
+
+def test_the_watchdog_puts_back_an_alarm_that_was_set_before_it() -> None:
+    import signal
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        h = Harness(Slow, on_error="dead_letter", process_timeout_s=5)
+        h.process("k", "quick", 10)
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < remaining <= 30 and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
