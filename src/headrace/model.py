@@ -186,6 +186,14 @@ class KeyExtractor:
                 got_text=f"{key!r} of type {type(key).__name__}",
                 hint="convert it in the extractor, e.g. key_by(lambda v: str(v['user_id']))",
             )
+        if not key.isascii():
+            try:
+                key.encode()
+            except UnicodeEncodeError:  # a lone surrogate (a JSON "\udc80" escape): no store can hold it
+                raise InvalidKeyError(f"Key extractor {self.description} returned text UTF-8 cannot hold",
+                                      got_text=f"{key!r} (a lone surrogate)",
+                                      hint="clean it in the extractor, e.g. "
+                                           "key_by(lambda v: v['user'].encode('utf-8', 'replace').decode())") from None
         return key
 
     def many(self, values: list[Any]) -> list[str] | None:
@@ -196,7 +204,10 @@ class KeyExtractor:
         except Exception:
             return None
         str_ = str
-        return keys if all(type(k) is str_ for k in keys) else None
+        if not all(type(k) is str_ for k in keys):
+            return None
+        joined = "".join(keys)
+        return keys if joined.isascii() or joined.encode("utf-8", "replace") == joined.encode("utf-8", "surrogatepass") else None
 
     @property
     def fingerprint(self) -> str:
@@ -299,6 +310,8 @@ class ComputationOptions:
       exactly once, and a record that comes after the expiry sees no state. ``ctx.state_expires_at``
       says when, so user code can set a timer of its own before. Default ``None``: state lives
       until user code clears it. Not for monoid computations (their windows end their aggregates).
+    - ``process_timeout_s``: a watchdog (``engine/watchdog.py``): an invocation of ``process_record``
+      or ``process_timer`` running longer than this many seconds fails under ``on_error``. Default None.
     """
 
     codec: Codec = codec_named("pickle")
@@ -315,6 +328,7 @@ class ComputationOptions:
     alert_lag_ms: int | None = None
     state_ttl_ms: int | None = None
     state_ttl_domain: str = "watermark"
+    process_timeout_s: float | None = None
 
     def percentile(self, stream: str) -> float:
         return float(self.watermark_percentile.get(stream, 100.0))
@@ -347,6 +361,10 @@ class ComputationOptions:
                 hint="e.g. state_ttl_ms=3_600_000 (state expires an hour after its last change); None keeps it "
                      "until user code clears it",
             )
+        limit = values.get("process_timeout_s")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0):
+            raise OptionError(f"Computation {owner!r} option 'process_timeout_s' must be a number of seconds > 0 or None",
+                              got=limit, hint="e.g. process_timeout_s=30; leave it out for no watchdog")
         for name in ("shards", "dedup_slack_ms"):
             if name in values:
                 v = values[name]

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from .engine import DedupCache, InputRecord, run_batch
 from .engine.intake import Consumer, plan_ranges, read_keyed, records_of, select
+from .engine.failures import poison_input
 from .engine.publish import publish_injected
 from .engine.routing import RoutingPlan, Subscriber
 from .injectors import timestamper
@@ -99,6 +100,9 @@ class Harness:
         rid = id if id is not None else f"harness-{self.name}-{next(self._ids)}"
         record = InputRecord(check_name("stream", stream), key, value, ts, rid)
         self._streams.add(record.stream)
+        poison = poison_input(self.name, self.options.on_error, record)  # as no store could hold it
+        if poison is not None:
+            return self._run([], self._watermark, [poison])
         return self._run([record], self._watermark)
 
     def inject(self, stream: str, values: Sequence[Any], *, key: Any, timestamp: Any,

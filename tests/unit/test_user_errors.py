@@ -81,7 +81,7 @@ def test_a_cycle() -> None:
 def test_an_unknown_option_and_a_bad_choice() -> None:
     with pytest.raises(OptionError, match=exact(
             "Computation 'Echo' got unknown option 'lateness' (got 'drop'). Hint: valid options are "
-            "['alert_lag_ms', 'codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'output_semantics', 'productions', "
+            "['alert_lag_ms', 'codec', 'dedup', 'dedup_slack_ms', 'late', 'on_error', 'output_semantics', 'process_timeout_s', 'productions', "
             "'semantics', 'shards', 'state_semantics', 'state_ttl_domain', 'state_ttl_ms', 'watermark_percentile']")):
         topology().add(Echo, inputs={"words": key_by("w")}, lateness="drop")
     with pytest.raises(OptionError, match=exact(

@@ -8,7 +8,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 from .seen import SeenRange
 
-__all__ = ["shard_of", "shards_of", "InputRecord", "CheckedRecord", "Partial", "Production", "DueTimer", "QuietReport", "Routed", "Routing", "ShardBatch",
+__all__ = ["shard_of", "shards_of", "InputRecord", "CheckedRecord", "Partial", "Production", "Produced", "produced", "DueTimer", "QuietReport", "Routed", "Routing", "ShardBatch",
            "ShardSnapshot", "ShardCommit"]
 
 
@@ -62,6 +62,22 @@ class Production(NamedTuple):
     value: Any
     timestamp: int
     id: str
+
+
+class Produced(Production):
+    """A ``Production`` from ``ctx.produce``, which pickled its value to check it: ``raw`` keeps
+    those bytes for the segment writer (not pickled twice). It equals the plain ``Production``."""
+
+    raw: bytes
+
+
+def produced(stream: str, key: str | None, value: Any, timestamp: int, id: str, raw: bytes) -> Produced:
+    p = _new(Produced, (stream, key, value, timestamp, id))
+    p.raw = raw
+    return p
+
+
+_new = tuple.__new__
 
 
 class Routed(NamedTuple):

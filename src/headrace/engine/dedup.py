@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import attrgetter
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .seen import SeenIds, SeenRange, make_ranges, range_holds, split_ids
+from ..model import BEGINNING_OF_TIME, ComputationOptions
+from .batch import InputRecord, ShardBatch
+from .seen import NO_IDS, SeenIds, SeenRange, make_ranges, range_holds, split_ids
 
-__all__ = ["BloomFilter", "DedupIndex"]
+__all__ = ["BloomFilter", "DedupIndex", "IdCheck", "drop_duplicates", "forget_before"]
 
 
 class BloomFilter:
@@ -163,3 +166,33 @@ class DedupIndex:
         if self._bloom is None:
             raise RuntimeError(f"DedupIndex.{call} was called before ensure(version, writer): call ensure(version, writer) first")
         return self._bloom
+
+
+_STREAM, _ID, _TIMESTAMP = attrgetter("stream"), attrgetter("id"), attrgetter("timestamp")
+IdCheck = Callable[[list[str], list[int]], "tuple[list[int], SeenIds]"]  # DedupIndex.check
+
+
+def drop_duplicates(batch: ShardBatch, options: ComputationOptions, check_ids: IdCheck | None,
+                    counters: dict[str, int]) -> tuple[list[InputRecord], SeenIds]:
+    """The batch's records less those whose id was seen (on the streams that need the check), and
+    the ids to remember: checked for the whole batch at once (``DedupIndex.check``)."""
+    records = batch.records
+    if not (options.dedup and batch.dedup_streams) or check_ids is None:
+        return records, NO_IDS
+    streams = batch.dedup_streams
+    at = (None if streams.issuperset(map(_STREAM, records))
+          else [i for i, r in enumerate(records) if r.stream in streams])
+    checked = records if at is None else [records[i] for i in at]
+    duplicates, seen = check_ids(list(map(_ID, checked)), list(map(_TIMESTAMP, checked)))
+    if duplicates:
+        counters["duplicates"] += len(duplicates)
+        dropped = set(duplicates if at is None else (at[i] for i in duplicates))
+        records = [r for i, r in enumerate(records) if i not in dropped]
+    return records, seen
+
+
+def forget_before(watermark: int, options: ComputationOptions) -> int | None:
+    """Seen ids older than the low watermark minus the slack are garbage: such records are late anyway."""
+    if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
+        return None
+    return watermark - options.dedup_slack_ms

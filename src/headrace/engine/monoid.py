@@ -23,8 +23,8 @@ from .batch import CheckedRecord, InputRecord, Partial, ShardBatch, ShardCommit,
 from ..names import id_prefix
 from .ports import SegmentColumns
 from .failures import dead_letter_value, user_error
-from .shard import (IdCheck, KeyContext, ValueCheck, add_user_counters, drop_duplicates, forget_before, invoke_on_timer,
-                    new_counters, next_due)
+from .dedup import IdCheck, drop_duplicates, forget_before
+from .shard import KeyContext, ValueCheck, add_user_counters, invoke_on_timer, new_counters, next_due
 from .watermark import output_low_watermark
 
 __all__ = ["Folder", "ColumnarFold", "columnar_fold", "columnar_parts", "columnar_totals", "fold_streams", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]

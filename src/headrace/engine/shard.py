@@ -6,18 +6,20 @@ if it changed. The whole outcome becomes one ``ShardCommit``."""
 from __future__ import annotations
 
 from functools import partial
-from operator import attrgetter
+from pickle import HIGHEST_PROTOCOL, dumps
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import OptionError, UnknownStreamError, UserCodeError
 from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
-from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot
+from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, produced
 from ..names import STATE_TTL_TIMER, id_prefix
-from .failures import dead_letter_value, user_error
-from .seen import NO_IDS, SeenIds
+from .dedup import IdCheck, drop_duplicates, forget_before
+from .failures import dead_letter_value, invoke_on_timer, user_error
+from .poison import MAX_I64, MIN_I64, check_millis, check_text, encode_value, picklable, shown_text, storable_text
+from .watchdog import guarded
 from .watermark import output_low_watermark
 
-__all__ = ["KeyContext", "process_shard", "ValueCheck"]
+__all__ = ["KeyContext", "process_shard", "ValueCheck", "invoke_on_timer", "drop_duplicates", "forget_before"]
 
 _UNSET: Any = object()
 
@@ -41,7 +43,7 @@ class KeyContext:
         "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
         "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
         "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas", "user_counters",
-        "_ttl", "_uses", "wall_clock", "_expired",
+        "_ttl", "_uses", "wall_clock", "_expired", "refires", "_fired_high", "_settled",
     )
 
     def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
@@ -71,14 +73,20 @@ class KeyContext:
         self.key = key
         self._raw = raw
         self._value = _UNSET
+        self._settled: bytes | None = None
         self._touched = False
         self._uses = 0
         self._expired = False  # its stored state expired in this batch: a new value is a change
         self._timers = timers
         self._key_sets: dict[str, DueTimer] = {}
         self._key_deletes: set[str] = set()
+        self.refires, self._fired_high = 0, {"watermark": MIN_I64 - 1, "wall": MIN_I64 - 1}
 
     def fired(self, timer: DueTimer) -> None:
+        if timer.timestamp <= self._fired_high[timer.domain]:
+            self.refires += 1  # a timer at or before one already fired for the key in this batch: a re-arm loop?
+        else:
+            self._fired_high[timer.domain] = timer.timestamp
         del self._timers[timer.tag]
         self._key_sets.pop(timer.tag, None)
         self._key_deletes.add(timer.tag)
@@ -123,11 +131,20 @@ class KeyContext:
 
     def savepoint(self) -> tuple[Any, ...]:
         """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
-        raw = self._raw if self._value is _UNSET else None if self._value is None else self._encode(self._value)
+        raw = (self._raw if self._value is _UNSET else None if self._value is None else
+               self._settled if self._settled is not None else self._encode(self._value))
+        self._settled = None
         return (raw, self._value is not _UNSET, self._touched, dict(self._timers), dict(self._key_sets),
                 set(self._key_deletes), len(self._productions), self.late_productions, dict(self.user_counters))
 
+    def settle(self) -> None:
+        """With dead letters, after an invocation: the state it left must encode, or the invocation
+        fails (not the batch, at the key's end); the bytes serve the next savepoint."""
+        if self._touched and self._value is not _UNSET and self._value is not None:
+            self._settled = self._encode(self._value)
+
     def rollback(self, point: tuple[Any, ...]) -> None:
+        self._settled = None
         raw, decoded, touched, timers, key_sets, key_deletes, produced, late, self.user_counters = point
         self._value = (None if raw is None else self._codec.decode(raw)) if decoded else _UNSET
         self._touched = touched
@@ -139,8 +156,8 @@ class KeyContext:
 
     def dead_letter(self, value: dict[str, Any], timestamp: int) -> None:
         self._seq += 1
-        self._productions.append(Production(f"{self._owner}.dead_letter", self.key, value, timestamp,
-                                            f"{self._id_prefix}{self._seq}"))
+        self._productions.append(Production(f"{self._owner}.dead_letter", shown_text(self.key), picklable(value),
+                                            min(max(timestamp, MIN_I64), MAX_I64), f"{self._id_prefix}{self._seq}"))
 
     def state_write(self) -> tuple[str, bytes | None] | None:
         """The key's state write, if its state changed (assigned, or mutated in place)."""
@@ -149,7 +166,7 @@ class KeyContext:
         value = self._value
         if value is None:
             return (self.key, None) if self._raw is not None else None
-        encoded = self._encode(value)
+        encoded = self._settled if self._settled is not None else self._encode(value)  # settled: the last invocation's
         return None if encoded == self._raw and not self._expired else (self.key, encoded)
 
     def _encode(self, value: Any) -> bytes:
@@ -187,8 +204,8 @@ class KeyContext:
         return None if self._ttl is None else self._expiry(self._timestamp)
 
     def set_timer(self, tag: str, timestamp: Any, domain: str = "watermark") -> None:
-        if type(timestamp) is not int:
-            timestamp = to_millis(timestamp, "timer timestamp")
+        if type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
+            timestamp = check_millis(to_millis(timestamp, "timer timestamp"), "timer timestamp")
         if domain != "watermark":
             check_domain(domain)
         self._put_timer(DueTimer(self.key, _user_tag(tag), domain, timestamp))
@@ -209,7 +226,8 @@ class KeyContext:
     def count(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to the computation's counter ``counter``, committed with the batch (exact, as
         the engine's own counters are; ``Harness.counters``, ``headrace status``)."""
-        if type(counter) is not str or counter in ENGINE_COUNTERS or type(n) is not int:
+        if (type(counter) is not str or counter in ENGINE_COUNTERS or type(n) is not int or not storable_text(counter)
+                or not MIN_I64 <= n <= MAX_I64):
             raise OptionError("ctx.count takes a counter name of your own and an int",
                               got=(counter, n), hint=f"e.g. ctx.count('too_late'); the engine's own counters "
                                                      f"{sorted(ENGINE_COUNTERS)} are its to keep")
@@ -224,18 +242,27 @@ class KeyContext:
             )
         if stream in self._schemas:
             self._schemas[stream].require(stream, value)
+        elif self._outputs is None and not (type(stream) is str and stream.isascii()):
+            check_text(stream, "stream name")
         if timestamp is None:
             timestamp = self._timestamp
-        elif type(timestamp) is not int:
-            timestamp = to_millis(timestamp, "production timestamp")
+        elif type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
+            timestamp = check_millis(to_millis(timestamp, "production timestamp"), "production timestamp")
+        if key is not None and not (type(key) is str and key.isascii()):
+            check_text(key, "production's key")
+        try:  # pickled now, inside the invocation, not at commit: the segment writer reuses the bytes
+            raw = dumps(value, HIGHEST_PROTOCOL)
+        except Exception:
+            raw = encode_value(value, f"value produced to {stream!r}")  # raises what, got and hint
         if timestamp < self._late_before:
             self.late_productions += 1
         self._seq += 1
-        self._productions.append(Production(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}"))
+        self._productions.append(produced(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}", raw))
 
 
 def _user_tag(tag: Any) -> str:
     tag = str(tag)
+    check_text(tag, "timer tag")
     if tag == STATE_TTL_TIMER:
         raise OptionError(f"Timer tag {tag!r} is the framework's own (the state TTL's timer)", got=tag,
                           hint="give your timer another tag")
@@ -252,29 +279,6 @@ ENGINE_COUNTERS = frozenset([*new_counters(), "late_productions", "dead_lettered
 def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
     for name, n in ctx.user_counters.items():
         counters[name] = counters.get(name, 0) + n
-
-
-_STREAM, _ID, _TIMESTAMP = attrgetter("stream"), attrgetter("id"), attrgetter("timestamp")
-IdCheck = Callable[[list[str], list[int]], "tuple[list[int], SeenIds]"]  # DedupIndex.check
-
-
-def drop_duplicates(batch: ShardBatch, options: ComputationOptions, check_ids: IdCheck | None,
-                    counters: dict[str, int]) -> tuple[list[InputRecord], SeenIds]:
-    """The batch's records less those whose id was seen (on the streams that need the check), and
-    the ids to remember: checked for the whole batch at once (``DedupIndex.check``)."""
-    records = batch.records
-    if not (options.dedup and batch.dedup_streams) or check_ids is None:
-        return records, NO_IDS
-    streams = batch.dedup_streams
-    at = (None if streams.issuperset(map(_STREAM, records))
-          else [i for i, r in enumerate(records) if r.stream in streams])
-    checked = records if at is None else [records[i] for i in at]
-    duplicates, seen = check_ids(list(map(_ID, checked)), list(map(_TIMESTAMP, checked)))
-    if duplicates:
-        counters["duplicates"] += len(duplicates)
-        dropped = set(duplicates if at is None else (at[i] for i in duplicates))
-        records = [r for i, r in enumerate(records) if i not in dropped]
-    return records, seen
 
 
 def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]] | None:
@@ -341,8 +345,8 @@ def process_shard(
 
     ctx = KeyContext(name, options, outputs, id_prefix(name, batch.batch, batch.shard), snapshot.output_watermark,
                      schemas)
-    process_record = computation.process_record
-    process_timer = computation.process_timer
+    process_record = guarded(computation.process_record, options.process_timeout_s, "process_record")
+    process_timer = guarded(computation.process_timer, options.process_timeout_s, "process_timer")
     w_before, w_after, wall = batch.watermark_before, batch.watermark_after, batch.wall_clock
     deliver_late = options.late == "deliver"
     dead_letters = options.on_error == "dead_letter"
@@ -375,6 +379,8 @@ def process_shard(
                 uses = ctx._uses
                 process_record(ctx, Record(key, r.value, r.timestamp, r.id, r.stream))
                 ctx.renew(uses)
+                if point is not None:
+                    ctx.settle()
             except Exception as exc:
                 what = f"record {r.id!r} (timestamp {r.timestamp})"
                 if point is None:
@@ -426,25 +432,3 @@ def process_shard(
         positions=batch.positions,
         journal_as=batch.journal_as,
     )
-
-
-def invoke_on_timer(ctx: KeyContext, name: str, timer: DueTimer, call: Callable[[], None], what: str,
-                    counters: dict[str, int], dead_letters: bool) -> None:
-    """One invocation of user code for a fired timer: an exception fails the batch, or, with dead
-    letters, everything the invocation did is undone and the timer goes to the dead-letter stream."""
-    point = ctx.savepoint() if dead_letters else None
-    try:
-        call()
-    except Exception as exc:
-        if point is None:
-            raise user_error(name, ctx.key, what, exc) from exc
-        ctx.rollback(point)
-        ctx.dead_letter(dead_letter_value(name, ctx.key, what, exc, None, None, None), timer.timestamp)
-        counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
-
-
-def forget_before(watermark: int, options: ComputationOptions) -> int | None:
-    """Seen ids older than the low watermark minus the slack are garbage: such records are late anyway."""
-    if not options.dedup or watermark - options.dedup_slack_ms <= BEGINNING_OF_TIME:
-        return None
-    return watermark - options.dedup_slack_ms

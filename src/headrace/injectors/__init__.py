@@ -7,12 +7,7 @@ published batch and never publishes one twice.
 
 from __future__ import annotations
 
-import csv
-import glob
-import io
 import itertools
-import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -173,54 +168,14 @@ def generator(make: Callable[[int], Any], count: int | None = None, *, timestamp
                            clock=clock)
 
 
-class FilesInjector(Injector):
-    def __init__(self, path: str, format: str, timestamp: Any, bounded: bool, pattern: str, poll_s: float,
-                 clock: Callable[[], int] = wall_clock_ms):
-        if format not in ("jsonl", "csv", "text"):
-            raise OptionError("Unknown file format", got=format, hint="use format='jsonl', 'csv' or 'text'")
-        self.path, self.format, self.pattern, self.poll_s = path, format, pattern, poll_s
-        self.bounded = bounded
-        self._clock = clock
-        self._ts = _timestamp_of(timestamp, clock)
-
-    def _parse(self, text: str) -> list[Any]:
-        if self.format == "jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        if self.format == "csv":
-            return list(csv.DictReader(io.StringIO(text)))
-        return [line for line in text.splitlines() if line]
-
-    def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
-        finished: set[str] = set(json.loads(resume)) if resume else set()
-        if not os.path.isdir(self.path):
-            # without this a mistyped path was an empty stream: a bounded one ended at once, silently
-            raise OptionError("files() reads a directory that does not exist", got=self.path,
-                              hint="create it first, or fix the path")
-        while True:
-            found = sorted(glob.glob(os.path.join(self.path, self.pattern)), key=lambda p: (os.path.getmtime(p), p))
-            pending = [p for p in found if os.path.basename(p) not in finished]
-            for i, path in enumerate(pending):
-                with open(path, encoding="utf-8") as f:
-                    values = self._parse(f.read())
-                finished.add(os.path.basename(path))
-                rest = pending[i + 1:]
-                # MillWheel Figure 10: the oldest creation time among files not yet finished.
-                watermark = min((int(os.path.getmtime(p) * 1000) for p in rest), default=self._clock())
-                name = os.path.basename(path)
-                yield InjectedBatch([(v, self._ts(v), f"{name}:{n}") for n, v in enumerate(values)],
-                                    watermark, json.dumps(sorted(finished)))
-            if self.bounded:
-                yield InjectedBatch([], END_OF_TIME, json.dumps(sorted(finished)))
-                return
-            yield InjectedBatch([], self._clock(), json.dumps(sorted(finished)))
-            time.sleep(self.poll_s)
-
-
 def files(path: str, format: str = "jsonl", timestamp: Any = None, *, bounded: bool = False,
-          pattern: str = "*", poll_s: float = 0.5, clock: Callable[[], int] = wall_clock_ms) -> FilesInjector:
-    """Inject every file in ``path`` (new ones as they appear, unless ``bounded``). Once no file
-    is left unfinished, the low watermark is ``clock()`` (ms since the epoch)."""
-    return FilesInjector(path, format, timestamp, bounded, pattern, poll_s, clock)
+          pattern: str = "*", poll_s: float = 0.5, clock: Callable[[], int] = wall_clock_ms) -> "FilesInjector":
+    """Inject the lines of every file in ``path`` matching ``pattern`` (relative to ``path``; e.g.
+    ``"*/*.jsonl"``), keyed by their path: new files as they appear and lines appended to files
+    already read (unless ``bounded``: one pass). A line that cannot be decoded, parsed or stamped
+    goes to the stream's dead-letter stream naming file and line. Once no file has unread lines,
+    the low watermark is ``clock()`` (ms since the epoch); ``injectors/tail.py`` says more."""
+    return FilesInjector(path, format, _timestamp_of(timestamp, clock), bounded, pattern, poll_s, clock)
 
 
 class Several:
@@ -239,4 +194,5 @@ def several(*parts: Injector) -> Several:
 
 
 from .backfill import Backfill, backfill  # noqa: E402  (it builds on the injectors above)
+from .tail import FilesInjector  # noqa: E402
 from .kafka import kafka  # noqa: E402

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..engine.batch import Production
+from ..engine.batch import Produced, Production
 from ..errors import OptionError
 from ..model import END_OF_TIME
 from ..schema import StreamSchema
@@ -68,7 +68,7 @@ def segment_table(records: Sequence[Production], schema: StreamSchema | None = N
     dumps, proto = pickle.dumps, pickle.HIGHEST_PROTOCOL
     columns = {
         "key": pa.array([p.key for p in records], pa.string()),
-        "value": pa.array([dumps(p.value, proto) for p in records], pa.binary()),
+        "value": pa.array([p.raw if type(p) is Produced else dumps(p.value, proto) for p in records], pa.binary()),
         "timestamp": pa.array([p.timestamp for p in records], pa.int64()),
         "id": pa.array([p.id for p in records], pa.string()),
     }
