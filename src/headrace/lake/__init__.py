@@ -117,11 +117,16 @@ class LakeSink:
 def open_lake_sink(kind: str, name: str, store_url: str, target: str, warehouse: str | None = None,
                    store: Store | None = None) -> LakeSink:
     """The writer of a ``delta=`` or ``iceberg=`` sink."""
-    if kind == "delta":
-        from .delta import DeltaSink
-        return DeltaSink(name, store_url, target, store=store)
-    if kind == "iceberg":
-        from .iceberg import IcebergSink
-        return IcebergSink(name, store_url, target, warehouse or "", store=store)
+    extra = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(kind)
+    try:
+        if kind == "delta":
+            from .delta import DeltaSink
+            return DeltaSink(name, store_url, target, store=store)
+        if kind == "iceberg":
+            from .iceberg import IcebergSink
+            return IcebergSink(name, store_url, target, warehouse or "", store=store)
+    except ImportError as exc:
+        raise OptionError(f"The {kind} sink {name!r} needs the {extra} package", got_text=str(exc),
+                          hint=f"pip install 'headrace[{kind}]'") from exc
     raise OptionError("A lakehouse sink is a Delta or an Iceberg table", got=kind,
                       hint="delta='path/to/table' or iceberg='namespace.table', warehouse='path'")
