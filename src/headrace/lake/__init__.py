@@ -65,7 +65,7 @@ class LakeSink:
         if rows.num_rows == 0:
             return 0
         self.check_fence()
-        snapshot = self.snapshot()
+        snapshot = self.snapshot(rows.schema)
         producers = sorted(set(rows["producer"].to_pylist()))
         fresh = unwritten(rows, self.written(snapshot, producers))
         if fresh.num_rows == 0:
@@ -100,7 +100,9 @@ class LakeSink:
 
         return pa.RecordBatchReader.from_batches(rows.schema, parts())
 
-    def snapshot(self) -> Any:
+    def snapshot(self, schema: pa.Schema) -> Any:
+        """The table as it is now, made empty with ``schema`` first if it does not exist (so even the
+        first commit is made against a snapshot another writer's commit makes stale)."""
         raise NotImplementedError
 
     def written(self, snapshot: Any, producers: list[str]) -> dict[str, int]:

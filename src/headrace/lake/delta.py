@@ -25,15 +25,14 @@ class DeltaSink(LakeSink):
         super().__init__(name, store_url, store)
         self.path = os.path.abspath(path) if "://" not in path else path
 
-    def snapshot(self) -> DeltaTable | None:
+    def snapshot(self, schema: pa.Schema) -> DeltaTable:
         try:
             return DeltaTable(self.path)
         except TableNotFoundError:
-            return None
+            DeltaTable.create(self.path, schema, mode="ignore")
+            return DeltaTable(self.path)
 
-    def written(self, snapshot: DeltaTable | None, producers: list[str]) -> dict[str, int]:
-        if snapshot is None:
-            return {}
+    def written(self, snapshot: DeltaTable, producers: list[str]) -> dict[str, int]:
         out: dict[str, int] = {}
         for producer in producers:
             version = snapshot.transaction_version(lake_app_id(self.name, producer))
@@ -41,12 +40,12 @@ class DeltaSink(LakeSink):
                 out[producer] = version
         return out
 
-    def commit(self, snapshot: DeltaTable | None, rows: pa.Table, batches: dict[str, int]) -> None:
+    def commit(self, snapshot: DeltaTable, rows: pa.Table, batches: dict[str, int]) -> None:
         properties = CommitProperties(
             custom_metadata={WRITER_KEY: f"{self.name}:{self.sequencer}"},
             app_transactions=[Transaction(lake_app_id(self.name, p), b) for p, b in sorted(batches.items())])
         try:  # against the snapshot the batches were read from: a commit in between of the same producers fails
-            write_deltalake(snapshot if snapshot is not None else self.path, self.stream(rows), mode="append",
+            write_deltalake(snapshot, self.stream(rows), mode="append",
                             commit_properties=properties)
         except CommitFailedError as exc:
             raise self.lost_race(exc) from exc

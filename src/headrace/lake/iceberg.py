@@ -71,22 +71,25 @@ class IcebergSink(LakeSink):
         self.identifier = identifier
         self.catalog = catalog_of(store_url, warehouse)
         logging.getLogger("pyiceberg").setLevel(logging.ERROR)
-        table = self.snapshot()  # a table made elsewhere: no retries from now on (not mid-write, where
+        table = self.loaded()  # a table made elsewhere: no retries from now on (not mid-write, where
         if table is not None and table.metadata.properties.get(TableProperties.COMMIT_NUM_RETRIES) != "0":
             with table.transaction() as tx:  # it would move the table past the snapshot read)
                 tx.set_properties(NO_RETRIES)
 
-    def snapshot(self) -> Table | None:
+    def loaded(self) -> Table | None:
         try:
             return self.catalog.load_table(self.identifier)
         except NoSuchTableError:
             return None
 
-    def written(self, snapshot: Table | None, producers: list[str]) -> dict[str, int]:
-        return stamped(snapshot, self.name) if snapshot is not None else {}
+    def snapshot(self, schema: pa.Schema) -> Table:
+        table = self.loaded()
+        return table if table is not None else self.create(schema)
 
-    def commit(self, snapshot: Table | None, rows: pa.Table, batches: dict[str, int]) -> None:
-        table = snapshot if snapshot is not None else self.create(rows.schema)
+    def written(self, snapshot: Table, producers: list[str]) -> dict[str, int]:
+        return stamped(snapshot, self.name)
+
+    def commit(self, table: Table, rows: pa.Table, batches: dict[str, int]) -> None:
         before = stamped(table, self.name)
         properties = {lake_stamp(self.name): json.dumps({**before, **batches}, sort_keys=True),
                       WRITER_PROPERTY: f"{self.name}:{self.sequencer}"}

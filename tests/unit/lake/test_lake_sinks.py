@@ -79,6 +79,20 @@ def test_a_superseded_writer_is_refused_before_it_reads_the_table(kind: str, eac
     newer.close()
 
 
+def test_the_first_commit_of_two_writers_is_made_against_a_snapshot_too(kind: str, each_store: str,
+                                                                        tmp_path: Path) -> None:
+    """No table yet: the zombie makes it empty and reads it, then stalls; the newer writer writes."""
+    zombie, batch = sink(kind, each_store, tmp_path), rows("A/0", range(1, 3))
+    empty = zombie.snapshot(batch.schema)
+    newer = sink(kind, each_store, tmp_path)
+    assert newer.write(batch) == 6
+    with pytest.raises(FencedWriterError, match=f"^The {zombie.kind} sink 'out' lost its commit to another writer"):
+        zombie.commit(empty, batch, {"A/0": 2})
+    assert ids(kind, each_store, tmp_path) == sorted(batch["id"].to_pylist())
+    zombie.close()
+    newer.close()
+
+
 def test_a_writer_that_read_the_table_before_a_newer_one_wrote_cannot_commit(kind: str, each_store: str,
                                                                           tmp_path: Path) -> None:
     """The zombie's window: it passed its fence check and read the table, then stalled; a newer
@@ -86,8 +100,8 @@ def test_a_writer_that_read_the_table_before_a_newer_one_wrote_cannot_commit(kin
     first = sink(kind, each_store, tmp_path)
     first.write(rows("A/0", range(1, 2)))
     zombie_rows = rows("A/0", range(2, 4))
-    zombie_rows_snapshot = first.snapshot()  # steps 1 and 2 of write() done, then stalled
     first.check_fence()
+    zombie_rows_snapshot = first.snapshot(zombie_rows.schema)  # steps 1 and 2 of write() done, then stalled
     newer = sink(kind, each_store, tmp_path)
     assert newer.write(rows("A/0", range(1, 4))) == 6
     with pytest.raises(FencedWriterError, match=f"^The {first.kind} sink 'out' lost its commit to another writer"):
