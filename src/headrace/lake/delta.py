@@ -11,7 +11,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from ..names import lake_app_id
 from ..store import Store
-from . import LakeSink
+from .base import LakeSink
 
 __all__ = ["DeltaSink", "WRITER_KEY"]
 

@@ -18,7 +18,7 @@ from pyiceberg.table import Table, TableProperties
 from ..errors import OptionError
 from ..names import lake_stamp
 from ..store import Store
-from . import LakeSink
+from .base import LakeSink
 
 __all__ = ["IcebergSink", "catalog_of", "WRITER_PROPERTY"]
 
