@@ -76,7 +76,7 @@ def check(spark: Any, data: list[dict[str, Any]], sink: str, folder: str) -> Non
         rows = DeltaTable(os.path.join(folder, "delta")).to_pyarrow_table(columns=["key", "count"]).to_pylist()
         got = [(r["key"], r["count"]) for r in rows]
     else:
-        got = [(r.key, r["count"]) for r in spark.read.parquet(os.path.join(folder, "parquet")).collect()]
+        got = [(r.value.key, r.value["count"]) for r in spark.read.parquet(os.path.join(folder, "parquet")).collect()]
     highest: dict[str, int] = {}
     for key, count in got:
         highest[key] = max(highest.get(key, 0), count)
