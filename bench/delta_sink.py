@@ -6,7 +6,7 @@ the same run and SparkSession.
     .venv/bin/python bench/delta_sink.py --quick         # 20,000 over 1,000, continuous mode only
 
 The work: ``Count`` (a per-key count in keyed state) produces each key's new count for every
-record to the typed stream ``counts`` (``key STRING, count BIGINT``); the sink, if any, writes
+record to the typed stream ``counts`` (``word STRING, count BIGINT``); the sink, if any, writes
 that stream. The input is published to the bus first (untimed, as bench/spark_keyed_count.py
 does); the clock runs from ``run`` until it returns, which is once the computation has drained
 and every sink has written everything journaled. Each variant's output is checked after the
@@ -33,7 +33,7 @@ from headrace.spark.session import spark_session
 class Count(Computation):
     def process_record(self, ctx: Any, record: Any) -> None:
         ctx.state = (ctx.state or 0) + 1
-        ctx.produce("counts", {"key": ctx.key, "count": ctx.state})
+        ctx.produce("counts", {"word": ctx.key, "count": ctx.state})
 
 
 def records(n: int, keys: int, seed: int = 7) -> list[dict[str, Any]]:
@@ -45,7 +45,7 @@ def topology(data: list[dict[str, Any]], batch: int, shards: int, sink: str, fol
     t = Topology("keyed_count_sink")
     t.inject("events", injectors.records(data, timestamp="ts", batch_size=batch))
     t.add(Count, inputs={"events": key_by("key")}, outputs=["counts"], shards=shards)
-    t.stream("counts", schema="key STRING, count BIGINT")
+    t.stream("counts", schema="word STRING, count BIGINT")
     if sink == "delta":
         t.sink("counts", delta=os.path.join(folder, "delta"))
     elif sink == "parquet":
@@ -73,10 +73,10 @@ def check(spark: Any, data: list[dict[str, Any]], sink: str, folder: str) -> Non
     if sink == "delta":
         from deltalake import DeltaTable
 
-        rows = DeltaTable(os.path.join(folder, "delta")).to_pyarrow_table(columns=["key", "count"]).to_pylist()
-        got = [(r["key"], r["count"]) for r in rows]
+        rows = DeltaTable(os.path.join(folder, "delta")).to_pyarrow_table(columns=["word", "count"]).to_pylist()
+        got = [(r["word"], r["count"]) for r in rows]
     else:
-        got = [(r.value.key, r.value["count"]) for r in spark.read.parquet(os.path.join(folder, "parquet")).collect()]
+        got = [(r.value.word, r.value["count"]) for r in spark.read.parquet(os.path.join(folder, "parquet")).collect()]
     highest: dict[str, int] = {}
     for key, count in got:
         highest[key] = max(highest.get(key, 0), count)

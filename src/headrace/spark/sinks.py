@@ -48,6 +48,7 @@ class SinkQuery:
         self.spark, self.spec, self.url, self.trigger_ms = spark, spec, url, trigger_ms
         schema = topology.schemas.get(spec.stream)
         self.ddl = schema.ddl if schema else ""
+        self.fields = list(schema.arrow.names) if schema else None
         self.checkpoint = os.path.join(checkpoint_root, f"sink-{spec.name}")
         self.query: Any = None
         self.lake: LakeWrite | None = None
@@ -63,7 +64,7 @@ class SinkQuery:
         elif self.spec.kind == "jdbc":
             writer = writer.foreachBatch(JdbcWrite(self.spec, bool(self.ddl)))
         elif self.spec.kind in LAKE_KINDS:
-            self.lake = LakeWrite(self.spec, self.url, bool(self.ddl))
+            self.lake = LakeWrite(self.spec, self.url, self.fields)
             writer = writer.foreachBatch(self.lake)
         else:
             writer = writer.foreachBatch(self.spec.foreach_batch)

@@ -112,3 +112,16 @@ def test_a_writer_that_read_the_table_before_a_newer_one_wrote_cannot_commit(kin
         assert sorted(writers) == [f"out:{first.sequencer}", f"out:{newer.sequencer}"]
     first.close()
     newer.close()
+
+
+def test_a_value_field_named_like_a_record_column_is_refused_word_for_word(tmp_path: Path) -> None:
+    from headrace.errors import OptionError
+    from headrace.spark.lake_sinks import LakeWrite
+    from headrace.topology import SinkSpec
+
+    spec = SinkSpec("counts-delta", "counts", "delta", delta=str(tmp_path / "d"))
+    with pytest.raises(OptionError, match="^" + re.escape(
+            "The delta sink 'counts-delta' cannot put the fields of stream 'counts' beside the record's own columns "
+            "(got ['id', 'key']). Hint: rename them in the stream's schema: each row has ['key', 'timestamp', 'id', "
+            "'producer', 'batch'] besides the value's fields") + "$"):
+        LakeWrite(spec, f"sqlite:///{tmp_path}/store.db", ["Key", "count", "id"])
