@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 __all__ = [
     "MODES", "MICROBATCH", "CONTINUOUS", "REBALANCED", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
+    "lake_app_id", "lake_stamp",
     "id_prefix", "id_sequence", "meta", "STATE_TTL_TIMER",
 ]
 
@@ -65,6 +66,17 @@ def parse_producer(name: str) -> Producer:
 def sink_reader(sink: str) -> str:
     """The name a sink reads the bus as (where retention finds how far it has written)."""
     return f"sink:{sink}"
+
+
+def lake_app_id(sink: str, producer: str) -> str:
+    """The Delta application transaction id under which a sink records, per producer on the bus,
+    the last batch it wrote (``DeltaTable.transaction_version``)."""
+    return f"headrace:{sink}:{producer}"
+
+
+def lake_stamp(sink: str) -> str:
+    """The Iceberg snapshot summary property holding a sink's last written batch per producer."""
+    return f"headrace.{sink}.batches"
 
 
 def dead_letter_stream(owner: str) -> str:
@@ -129,6 +141,11 @@ class meta:
     def layout(computation: str) -> str:
         """The count of intervals live rebalancing chose for a computation, and the count it was declared with."""
         return f"layout:{computation}"
+
+    @staticmethod
+    def sink_writer(sink: str) -> str:
+        """The sequencer of a Delta or Iceberg sink's current writer (its driver)."""
+        return f"sink_writer:{sink}"
 
     @staticmethod
     def trimmed(stream: str) -> str:

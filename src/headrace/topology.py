@@ -114,17 +114,22 @@ FILE_FORMATS = ("parquet", "json")
 @dataclass(frozen=True)
 class SinkSpec:
     """Where ``Topology.sink`` sends a stream's committed records: a file sink (``format``,
-    ``path``), a JDBC table (``jdbc``, ``table``, ``properties``) or ``foreach_batch(df, batch_id)``."""
+    ``path``), a JDBC table (``jdbc``, ``table``, ``properties``), a Delta table (``delta``: its
+    path), an Iceberg table (``iceberg``: ``namespace.table``, ``warehouse``) or
+    ``foreach_batch(df, batch_id)``."""
 
     name: str
     stream: str
-    kind: str  # "file", "jdbc" or "foreach_batch"
+    kind: str  # "file", "jdbc", "delta", "iceberg" or "foreach_batch"
     format: str | None = None
     path: str | None = None
     jdbc: str | None = None
     table: str | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
     foreach_batch: Callable[[Any, int], None] | None = None
+    delta: str | None = None
+    iceberg: str | None = None
+    warehouse: str | None = None
 
 
 def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
@@ -139,7 +144,8 @@ def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
 
 
 def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> SinkSpec:
-    kinds = {"file": ("format", "path"), "jdbc": ("jdbc", "table", "properties"), "foreach_batch": ("foreach_batch",)}
+    kinds = {"file": ("format", "path"), "jdbc": ("jdbc", "table", "properties"), "foreach_batch": ("foreach_batch",),
+             "delta": ("delta",), "iceberg": ("iceberg", "warehouse")}
     valid = [o for names in kinds.values() for o in names]
     for option, value in options.items():
         if option not in valid:
@@ -149,7 +155,8 @@ def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> Sin
     if len(chosen) != 1:
         raise OptionError(f"Sink of stream {stream!r} needs one target", got=sorted(options),
                           hint="pass format= and path= (a file sink), jdbc=, table= and properties= (a JDBC table), "
-                               "or foreach_batch=fn")
+                               "delta=path (a Delta table), iceberg='namespace.table' and warehouse=path (an Iceberg "
+                               "table), or foreach_batch=fn")
     kind = chosen[0]
     missing = [n for n in kinds[kind] if n not in options and n != "properties"]
     if missing:
@@ -161,6 +168,9 @@ def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> Sin
     if kind == "foreach_batch" and not callable(options["foreach_batch"]):
         raise OptionError(f"Sink of stream {stream!r}: foreach_batch must be a function (df, batch_id)",
                           got=options["foreach_batch"], hint="foreach_batch=lambda df, batch_id: df.show()")
+    if kind == "iceberg" and "." not in str(options["iceberg"]).strip("."):
+        raise OptionError(f"Sink of stream {stream!r}: an Iceberg table is named namespace.table",
+                          got=options["iceberg"], hint="iceberg='analytics.anomalies'")
     if kind == "jdbc":
         libpq_url(options["jdbc"], options.get("properties") or {})  # refuses a URL that is not PostgreSQL's
     label = check_name("sink", name if name is not None else f"{stream}-{kind}")
@@ -348,7 +358,8 @@ class Topology:
         committed batch: ``format="parquet"|"json", path=...`` (Spark's file sink), ``jdbc=url,
         table=..., properties={"user": ..., "password": ...}`` (rows keyed by producer and batch,
         replaced when a batch is written again), or ``foreach_batch=fn`` (``fn(df, batch_id)``;
-        a replayed ``batch_id`` carries the same records). Rows have ``stream_df``'s columns."""
+        a replayed ``batch_id`` carries the same records), ``delta=path`` or ``iceberg="ns.table",
+        warehouse=path`` (``headrace/lake``). Rows have ``stream_df``'s columns."""
         check_name("stream", stream)
         if stream not in self.streams():
             raise TopologyError(f"Topology {self.name!r} cannot sink stream {stream!r}: nothing produces it",

@@ -2,7 +2,8 @@
 and a sink of that stream (a Parquet file sink or a JDBC table).
 
 As a script it is one driver life:
-``python sink_topology.py STORE_URL N MODE parquet PATH`` or ``... MODE jdbc JDBC_URL TABLE``.
+``python sink_topology.py STORE_URL N MODE parquet PATH``, ``... MODE jdbc JDBC_URL TABLE``,
+``... MODE delta PATH`` or ``... MODE iceberg NAMESPACE.TABLE WAREHOUSE``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ def build(n: int, sink: list[str], rate: float = 150) -> Topology:
     t.stream("stamped", schema="user STRING, n BIGINT")
     if sink[0] == "parquet":
         t.sink("stamped", format="parquet", path=sink[1])
+    elif sink[0] == "delta":
+        t.sink("stamped", delta=sink[1])
+    elif sink[0] == "iceberg":
+        t.sink("stamped", iceberg=sink[1], warehouse=sink[2])
     else:  # a small JDBC batch size: rows are inserted, uncommitted, while the write task goes on
         t.sink("stamped", jdbc=sink[1], table=sink[2], properties={"batchsize": "20"})
     return t

@@ -45,8 +45,9 @@ def sink_drained(store_url: str) -> bool:
 
 
 class SinkMonkey:
-    def __init__(self, tmp: Path, store: str, n: int, mode: str, sink: list[str], seed: int):
-        self.store, self.n, self.mode, self.sink = store, n, mode, sink
+    def __init__(self, tmp: Path, store: str, n: int, mode: str, sink: list[str], seed: int,
+                 step: str = "stream_read"):
+        self.store, self.n, self.mode, self.sink, self.step = store, n, mode, sink, step
         self.marks = tmp / "marks"
         self.marks.mkdir()
         self.rng = random.Random(seed)
@@ -56,7 +57,7 @@ class SinkMonkey:
 
     def start(self) -> None:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
-               "HEADRACE_FAILPOINTS": f"stream_read=sleep:300:{self.marks}"}
+               "HEADRACE_FAILPOINTS": f"{self.step}=sleep:300:{self.marks}"}
         self.driver = subprocess.Popen([sys.executable, str(SCRIPT), self.store, str(self.n), self.mode, *self.sink],
                                        env=env, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                        start_new_session=True)

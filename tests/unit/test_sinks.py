@@ -33,18 +33,33 @@ def test_each_kind_of_sink_is_declared_with_its_own_options() -> None:
     spec = t.sink("out", jdbc="jdbc:postgresql://h:5432/db", table="t", properties={"user": "u"})
     assert (spec.name, spec.kind, dict(spec.properties)) == ("out-jdbc", "jdbc", {"user": "u"})
     assert t.sink("words", name="show", foreach_batch=lambda df, batch_id: None).name == "show"
-    assert sorted(t.sinks) == ["out-file", "out-jdbc", "show"]
+    assert (t.sink("out", delta="/tmp/d").kind, t.sink("out", iceberg="ns.t", warehouse="/tmp/w").kind) == \
+        ("delta", "iceberg")
+    assert sorted(t.sinks) == ["out-delta", "out-file", "out-iceberg", "out-jdbc", "show"]
+
+
+def test_a_lakehouse_sink_is_refused_word_for_word() -> None:
+    t = topology()
+    with pytest.raises(OptionError, match=exact(
+            "Sink of stream 'out' needs option 'iceberg' (got ['warehouse']). Hint: a iceberg sink takes "
+            "['iceberg', 'warehouse']")):
+        t.sink("out", warehouse="/tmp/w")
+    with pytest.raises(OptionError, match=exact(
+            "Sink of stream 'out': an Iceberg table is named namespace.table (got 'anomalies'). Hint: "
+            "iceberg='analytics.anomalies'")):
+        t.sink("out", iceberg="anomalies", warehouse="/tmp/w")
 
 
 def test_a_bad_sink_is_refused_word_for_word() -> None:
     t = topology()
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out': unknown option 'paht' (got '/tmp/x'). Hint: valid options are ['format', 'path', "
-            "'jdbc', 'table', 'properties', 'foreach_batch']")):
+            "'jdbc', 'table', 'properties', 'foreach_batch', 'delta', 'iceberg', 'warehouse']")):
         t.sink("out", format="parquet", paht="/tmp/x")
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out' needs one target (got ['foreach_batch', 'path']). Hint: pass format= and path= "
-            "(a file sink), jdbc=, table= and properties= (a JDBC table), or foreach_batch=fn")):
+            "(a file sink), jdbc=, table= and properties= (a JDBC table), delta=path (a Delta table), "
+            "iceberg='namespace.table' and warehouse=path (an Iceberg table), or foreach_batch=fn")):
         t.sink("out", path="/tmp/x", foreach_batch=print)
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out' needs option 'format' (got ['path']). Hint: a file sink takes ['format', 'path']")):

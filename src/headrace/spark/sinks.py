@@ -5,7 +5,8 @@ Exactly once per committed stream batch: the view's offsets are journaled batch 
 micro-batch Spark replays after a crash (same batch id, same offsets, from the sink's checkpoint)
 reads the same records. Spark's file sink then records each batch in its ``_spark_metadata`` log
 once, and readers (``spark.read``) see only logged files; the JDBC sink first deletes the rows of
-the (producer, batch) pairs it is about to write, so a batch written again replaces itself.
+the (producer, batch) pairs it is about to write, so a batch written again replaces itself; the
+Delta and Iceberg sinks skip the (producer, batch) pairs their table records (``lake_sinks.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..errors import OptionError, UserCodeError
 from ..topology import SinkSpec, Topology, libpq_url
 from .frames import stream_frame
 from .checkpoints import clear_unfinished_writes
+from .lake_sinks import LAKE_KINDS, LakeWrite
 from .query import failure_detail
 
 __all__ = ["SinkQuery", "start_sinks", "jdbc_jars"]
@@ -46,8 +48,10 @@ class SinkQuery:
         self.spark, self.spec, self.url, self.trigger_ms = spark, spec, url, trigger_ms
         schema = topology.schemas.get(spec.stream)
         self.ddl = schema.ddl if schema else ""
+        self.fields = list(schema.arrow.names) if schema else None
         self.checkpoint = os.path.join(checkpoint_root, f"sink-{spec.name}")
         self.query: Any = None
+        self.lake: LakeWrite | None = None
 
     def start(self) -> "SinkQuery":
         df = stream_frame(self.spark, self.spec.stream, self.url, self.ddl, streaming=True)
@@ -59,6 +63,9 @@ class SinkQuery:
             writer = writer.format(self.spec.format).option("path", self.spec.path)
         elif self.spec.kind == "jdbc":
             writer = writer.foreachBatch(JdbcWrite(self.spec, bool(self.ddl)))
+        elif self.spec.kind in LAKE_KINDS:
+            self.lake = LakeWrite(self.spec, self.url, self.fields)
+            writer = writer.foreachBatch(self.lake)
         else:
             writer = writer.foreachBatch(self.spec.foreach_batch)
         self.query = writer.start()
@@ -87,6 +94,8 @@ class SinkQuery:
     def stop(self) -> None:
         if self.query is not None:
             self.query.stop()
+        if self.lake is not None:
+            self.lake.close()
 
 
 class JdbcWrite:

@@ -11,7 +11,7 @@ from typing import Callable
 from ..engine.batch import DueTimer
 from ..errors import StoreError
 from ..model import BEGINNING_OF_TIME
-from ..names import MICROBATCH
+from ..names import MICROBATCH, meta
 from .monitoring import MonitorQueries
 from .retention import RetentionQueries
 from .shards import WEAK_SLOT, ShardQueries
@@ -54,6 +54,20 @@ class SQLStore(ShardQueries, MonitorQueries, RetentionQueries, Versioned):
     def sequencer(self, computation: str) -> int:
         row = self._one("SELECT sequencer FROM computations WHERE name = ?", (computation,))
         return int(row[0]) if row else 0
+
+    def acquire_sink_writer(self, sink: str) -> int:
+        """Become the one writer of ``sink`` (a Delta or Iceberg sink): a new value of its
+        sequencer, kept in ``meta``; an older writer's ``sink_writer`` check fails from now on."""
+        with self._transaction():
+            row = self._one("INSERT INTO meta VALUES (?, '1') ON CONFLICT(name) DO UPDATE "
+                            "SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT) RETURNING value",
+                            (meta.sink_writer(sink),))
+        return int(row[0])
+
+    def sink_writer(self, sink: str) -> int:
+        """The sequencer of the current writer of ``sink`` (0 before the first)."""
+        value = self._get_meta(meta.sink_writer(sink))
+        return int(value) if value is not None else 0
 
     def put_meta(self, name: str, value: str) -> None:
         self._put_meta(name, value)
