@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 __all__ = [
     "MODES", "MICROBATCH", "CONTINUOUS", "REBALANCED", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
+    "kafka_sink_id",
     "id_prefix", "id_sequence", "meta", "STATE_TTL_TIMER",
 ]
 
@@ -67,6 +68,11 @@ def sink_reader(sink: str) -> str:
     return f"sink:{sink}"
 
 
+def kafka_sink_id(topology: str, sink: str) -> str:
+    """A Kafka sink's ``transactional.id``, which is also the consumer group its ledger is committed under."""
+    return f"headrace:{topology}:{sink}"
+
+
 def dead_letter_stream(owner: str) -> str:
     """Where a computation (or an injector of a stream) sends what it could not process."""
     return f"{owner}{_DEAD_LETTER}"
@@ -107,6 +113,11 @@ class meta:
     @staticmethod
     def driver(topology: str) -> str:
         return f"driver:{topology}"
+
+    @staticmethod
+    def sink_lease(topology: str, sink: str) -> str:
+        """Who writes a Kafka sink, and until when (JSON ``{"owner", "until"}``)."""
+        return f"sinklease:{topology}:{sink}"
 
     @staticmethod
     def topology(name: str) -> str:

@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 from .errors import OptionError, TopologyError
 from .model import Computation, ComputationOptions, KeyExtractor, MonoidComputation
 from .schema import StreamSchema
+from .kafka_target import KAFKA_SINK_OPTIONS, KafkaTarget, kafka_target
 
 __all__ = ["Topology", "ComputationSpec", "Injection", "InjectOptions", "SinkSpec"]
 
@@ -118,13 +119,14 @@ class SinkSpec:
 
     name: str
     stream: str
-    kind: str  # "file", "jdbc" or "foreach_batch"
+    kind: str  # "file", "jdbc", "foreach_batch" or "kafka"
     format: str | None = None
     path: str | None = None
     jdbc: str | None = None
     table: str | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
     foreach_batch: Callable[[Any, int], None] | None = None
+    kafka: KafkaTarget | None = None  # a Kafka topic, written by a transactional producer (kafka_target.py)
 
 
 def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
@@ -139,7 +141,8 @@ def libpq_url(jdbc: str, properties: dict[str, str] | Any) -> str:
 
 
 def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> SinkSpec:
-    kinds = {"file": ("format", "path"), "jdbc": ("jdbc", "table", "properties"), "foreach_batch": ("foreach_batch",)}
+    kinds = {"file": ("format", "path"), "jdbc": ("jdbc", "table", "properties"), "foreach_batch": ("foreach_batch",),
+             "kafka": KAFKA_SINK_OPTIONS}
     valid = [o for names in kinds.values() for o in names]
     for option, value in options.items():
         if option not in valid:
@@ -149,9 +152,9 @@ def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> Sin
     if len(chosen) != 1:
         raise OptionError(f"Sink of stream {stream!r} needs one target", got=sorted(options),
                           hint="pass format= and path= (a file sink), jdbc=, table= and properties= (a JDBC table), "
-                               "or foreach_batch=fn")
+                               "foreach_batch=fn, or kafka='topic' and bootstrap_servers= (a Kafka topic)")
     kind = chosen[0]
-    missing = [n for n in kinds[kind] if n not in options and n != "properties"]
+    missing = [n for n in kinds[kind][:2] if n not in options and n != "properties"]
     if missing:
         raise OptionError(f"Sink of stream {stream!r} needs option {missing[0]!r}", got=sorted(options),
                           hint=f"a {kind} sink takes {list(kinds[kind])}")
@@ -164,6 +167,8 @@ def parse_sink(stream: str, name: str | None, options: Mapping[str, Any]) -> Sin
     if kind == "jdbc":
         libpq_url(options["jdbc"], options.get("properties") or {})  # refuses a URL that is not PostgreSQL's
     label = check_name("sink", name if name is not None else f"{stream}-{kind}")
+    if kind == "kafka":
+        return SinkSpec(label, stream, kind, kafka=kafka_target(stream, options))
     return SinkSpec(label, stream, kind, **{k: v for k, v in options.items() if k != "properties"},
                     properties=dict(options.get("properties") or {}))
 

@@ -19,8 +19,9 @@ __all__ = ["failpoint_from_env", "STEPS"]
 
 # The commit steps; ``stream_read``: inside a read task of a stream's DataFrame view, after each
 # segment it hands on (when a sink writes the stream, that task is the sink's write); and
-# ``rescale``: inside the transaction that re-partitions a computation's keys (store/rescale.py).
-STEPS = (*COMMIT_STEPS, "stream_read", "rescale")
+# ``rescale``: inside the transaction that re-partitions a computation's keys (store/rescale.py);
+# ``sink_commit``: a Kafka sink's transaction, its records and ledger sent, just before its commit.
+STEPS = (*COMMIT_STEPS, "stream_read", "rescale", "sink_commit")
 
 
 def failpoint_from_env(value: str | None = None) -> Callable[[str], None] | None:
