@@ -40,11 +40,13 @@ def test_a_bad_sink_is_refused_word_for_word() -> None:
     t = topology()
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out': unknown option 'paht' (got '/tmp/x'). Hint: valid options are ['format', 'path', "
-            "'jdbc', 'table', 'properties', 'foreach_batch']")):
+            "'jdbc', 'table', 'properties', 'foreach_batch', 'kafka', 'bootstrap_servers', 'key', 'serializer', "
+            "'config', 'lease_ms']")):
         t.sink("out", format="parquet", paht="/tmp/x")
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out' needs one target (got ['foreach_batch', 'path']). Hint: pass format= and path= "
-            "(a file sink), jdbc=, table= and properties= (a JDBC table), or foreach_batch=fn")):
+            "(a file sink), jdbc=, table= and properties= (a JDBC table), foreach_batch=fn, or kafka='topic' and "
+            "bootstrap_servers= (a Kafka topic)")):
         t.sink("out", path="/tmp/x", foreach_batch=print)
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out' needs option 'format' (got ['path']). Hint: a file sink takes ['format', 'path']")):
