@@ -132,3 +132,25 @@ def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
         time.sleep(0.01)
+
+
+def test_the_driver_thread_flushes_reports_its_positions_and_releases_its_lease(kafka_broker: Any,
+                                                                              tmp_path: Path) -> None:
+    from headrace.spark.kafka_sink import KafkaSink
+
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
+    ids = publish(store_url, STREAM, range(1, 3), per_batch=15)
+    sink = KafkaSink(TOPOLOGY, spec(topic, kafka_broker.bootstrap_servers, 60_000), store_url).start()
+    ids += publish(store_url, STREAM, range(3, 5), per_batch=15)
+    sink.flush()
+    assert sink.written() == {"inject:things": 4}
+    sink.check()
+    sink.stop()
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    store = open_store(store_url)
+    assert store.get_meta(meta.sink_lease(TOPOLOGY, "out")) is None  # released: the next writer need not wait 60 s
+    store.close()
+    began = time.monotonic()
+    nxt = writer(store_url, topic, kafka_broker, lease_ms=60_000).open()
+    assert time.monotonic() - began < 30 and nxt.positions == {"inject:things": 4}
+    nxt.close()
