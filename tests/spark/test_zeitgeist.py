@@ -84,7 +84,7 @@ def test_zeitgeist_over_kafka_writes_each_anomaly_once_to_a_topic(tmp_path: Path
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     env.pop("HEADRACE_TEST_KAFKA", None)
     command = [sys.executable, "-m", "examples.zeitgeist.job", "--kafka", "--dir", str(tmp_path / "run"),
-               "--days", "2", "--queries", "40"]
+               "--queries", "60"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"zeitgeist: Kafka broker at 127\.0\.0\.1:\d+; [\d,]+ searches in topic 'searches'", done.stdout)
