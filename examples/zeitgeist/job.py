@@ -2,6 +2,7 @@
 
     python -m examples.zeitgeist.job            # run (or resume) the default scenario
     python -m examples.zeitgeist.job --fresh    # start over
+    python -m examples.zeitgeist.job --kafka    # searches from a Kafka topic, anomalies to one (a fresh run)
 
 Stop it with Ctrl-C and run the same command again: it resumes where it stopped.
 """
@@ -29,13 +30,13 @@ from .traffic import Anomaly, Scenario, generate
 STAGES = ["WindowCounter", "ModelCalculator", "SpikeDetector", "DipDetector"]
 
 
-def build(scenario: Scenario, rate: float | None = 6_000, batch_size: int = 1_000) -> Topology:
+def build(scenario: Scenario, rate: float | None = 6_000, batch_size: int = 1_000, source: Any = None) -> Topology:
     events = scenario.events
     t = Topology("zeitgeist")
     # an iterator (not a list): the injector promises only max_delay_ms of disorder, as a live
     # source would, so the records generated later than that arrive late
-    t.inject("searches", injectors.records(lambda: iter(events), timestamp="ts", batch_size=batch_size,
-                                           rate=rate, max_delay_ms=scenario.disorder_ms))
+    t.inject("searches", source or injectors.records(lambda: iter(events), timestamp="ts", batch_size=batch_size,
+                                                     rate=rate, max_delay_ms=scenario.disorder_ms))
     t.add(WindowCounter, inputs={"searches": key_by("query")}, outputs=["window_counts"], shards=2)
     t.add(ModelCalculator, inputs={"window_counts": key_by("query")}, outputs=["scored"], shards=2)
     t.add(SpikeDetector, inputs={"scored": key_by("query")}, outputs=["anomalies"], shards=2)
@@ -135,9 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", default="continuous", choices=["continuous", "microbatch"],
                         help="continuous (default): long-lived workers; microbatch: a Spark query per computation")
     parser.add_argument("--dashboard-port", type=int, default=0, help="the web dashboard's port (0: a free one)")
+    parser.add_argument("--kafka", action="store_true", help="start a Kafka broker; read the searches from a topic "
+                                                             "and write the anomalies to one (always a fresh run)")
     args = parser.parse_args(argv)
 
-    if args.fresh and os.path.exists(args.dir):
+    if (args.fresh or args.kafka) and os.path.exists(args.dir):
         shutil.rmtree(args.dir)
     os.makedirs(args.dir, exist_ok=True)
     store_url = f"sqlite:///{os.path.abspath(args.dir)}/store.db"
@@ -150,11 +153,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from headrace.spark.continuous import ContinuousRunner
     from headrace.spark.runner import SparkRunner
 
+    broker = None
+    topology = build(scenario, rate=args.rate)
+    if args.kafka:
+        from . import kafka
+
+        broker = kafka.start_broker()
+        assert broker.bootstrap_servers is not None
+        kafka.fill(broker.bootstrap_servers, scenario.events)
+        print(f"zeitgeist: Kafka broker at {broker.bootstrap_servers}; {len(scenario.events):,} searches in topic "
+              f"{kafka.SEARCHES!r}, anomalies go to topic {kafka.ANOMALIES!r}", flush=True)
+        topology = build(scenario, source=kafka.source(broker.bootstrap_servers, scenario.disorder_ms))
+        kafka.sink(topology, broker.bootstrap_servers)
     started_ms = int(time.time() * 1000)
     watcher = AnomalyWatcher(store_url, os.path.join(args.dir, "anomalies.jsonl"), sys.stdout)
     make = ContinuousRunner if args.mode == "continuous" else SparkRunner
-    runner = make(build(scenario, rate=args.rate), store_url, args.master, progress=sys.stderr,
-                  progress_every_s=5.0)
+    runner = make(topology, store_url, args.master, progress=sys.stderr, progress_every_s=5.0)
     dashboard = Dashboard(store_url, port=args.dashboard_port)
     try:
         runner.start()
@@ -169,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         watcher.stop_event.set()
         runner.stop()
         dashboard.stop()
+        published = kafka.read_anomalies(broker.bootstrap_servers) if broker and broker.bootstrap_servers else None
+        if broker is not None:
+            broker.stop()
     found = watcher.poll()
 
     store = open_store(store_url)
@@ -194,6 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"watermark lag        {stage:<16} {percentiles(lags[stage])}")
     print(f"late records dropped {counters.get('late_dropped', 0):,} (the generator made {scenario.late_records:,} "
           f"arrive late; those behind the low watermark on arrival are dropped)")
+    if published is not None:
+        same = sorted(map(json.dumps, published)) == sorted(map(json.dumps, found))
+        print(f"kafka topic          {len(published)} anomalies read from {kafka.ANOMALIES!r} by a read_committed "
+              f"consumer; {'the same as' if same else 'NOT the same as'} the store's stream")
     print(f"dashboard            headrace dashboard --store {store_url}   (the run's history, state and timers)")
     return 0
 

@@ -91,13 +91,14 @@ def _refuse_ignored(topology: Topology, checkpoint_dir: str | None, trigger_ms: 
     only to the Spark queries a topology brings (sinks, streaming-DataFrame injectors, progress
     queries), and weak productions would change nothing (an interval's productions become visible
     with its commit either way). An option that would change nothing is refused, not ignored."""
-    queries = bool(topology.sinks) or progress_queries or any(
+    queries = any(s.kind != "kafka" for s in topology.sinks.values()) or progress_queries or any(
         getattr(i.source, "isStreaming", False) is True for i in topology.injections.values())
     for option, value in (("checkpoint_dir", checkpoint_dir), ("trigger_ms", trigger_ms)):
         if value is not None and not queries:
             raise OptionError(f"{option} applies to the Spark queries of a run, and this continuous run has none",
-                              got=value, hint="drop it: continuous mode's workers run no query (sinks, "
-                                              "streaming-DataFrame injectors and progress queries do)")
+                              got=value, hint="drop it: continuous mode's workers run no query (file, JDBC and "
+                                              "foreach_batch sinks, streaming-DataFrame injectors and progress "
+                                              "queries do)")
     weak = [s.name for s in topology.computations.values()
             if s.options.productions == "weak" and s.options.state_semantics == "exactly_once"]
     if weak:

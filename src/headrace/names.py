@@ -13,11 +13,15 @@ Producer(kind='injector', name='queries', part='2')
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
+from .errors import TopologyError
+
 __all__ = [
+    "check_name",
     "MODES", "MICROBATCH", "CONTINUOUS", "REBALANCED", "Producer", "injector", "interval", "parse_producer", "dead_letter_stream", "sink_reader",
-    "lake_app_id", "lake_stamp",
+    "lake_app_id", "lake_stamp", "kafka_sink_id",
     "id_prefix", "id_sequence", "meta", "STATE_TTL_TIMER",
 ]
 
@@ -79,6 +83,11 @@ def lake_stamp(sink: str) -> str:
     return f"headrace.{sink}.batches"
 
 
+def kafka_sink_id(topology: str, sink: str) -> str:
+    """A Kafka sink's ``transactional.id``, which is also the consumer group its ledger is committed under."""
+    return f"headrace:{topology}:{sink}"
+
+
 def dead_letter_stream(owner: str) -> str:
     """Where a computation (or an injector of a stream) sends what it could not process."""
     return f"{owner}{_DEAD_LETTER}"
@@ -119,6 +128,11 @@ class meta:
     @staticmethod
     def driver(topology: str) -> str:
         return f"driver:{topology}"
+
+    @staticmethod
+    def sink_lease(topology: str, sink: str) -> str:
+        """Who writes a Kafka sink, and until when (JSON ``{"owner", "until"}``)."""
+        return f"sinklease:{topology}:{sink}"
 
     @staticmethod
     def topology(name: str) -> str:
@@ -175,3 +189,16 @@ class meta:
     def runs_of(topology: str) -> tuple[str, ...]:
         """The key prefixes of every run-scoped row of ``topology``."""
         return tuple(f"{prefix}{topology}:" for prefix in meta.RUN_SCOPED)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}")  # fullmatch: "$" would let a trailing newline through
+
+
+def check_name(kind: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise TopologyError(
+            f"A {kind} name must be a short identifier (letters, digits, '_', '.', '-'; starting with a letter or '_')",
+            got=name,
+            hint=f"rename it, e.g. {'window_counts' if kind == 'stream' else 'WindowCounter'!r}",
+        )
+    return name

@@ -38,7 +38,8 @@ from .errors import InvalidKeyError, OptionError
 from .model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, Timestamp, to_millis
 from .schema import StreamSchema
 from .store import Store, open_store
-from .topology import as_extractor, check_computation_class, check_name
+from .names import check_name
+from .topology import as_extractor, check_computation_class
 
 __all__ = ["Harness"]
 

@@ -135,3 +135,15 @@ def test_bad_options_are_refused_with_a_hint() -> None:
     with pytest.raises(OptionError, match=r"^injectors\.kafka\(\)'s idle_ms must be an integer >= 1 \(got 0\)\. "
                                           r"Hint: e\.g\. idle_ms=1000$"):
         injectors.kafka("t", "127.0.0.1:9092", idle_ms=0)
+
+
+def test_a_single_part_kafka_injector_publishes_as_the_stream_itself() -> None:
+    """One part is a plain injector (producer ``inject:<stream>``), not a part list: the topology
+    once took its partition count for a list of parts and failed to start."""
+    from headrace import Topology
+
+    t = Topology("single")
+    t.inject("events", injectors.kafka("events", "127.0.0.1:9"))
+    t.inject("more", injectors.kafka("more", "127.0.0.1:9", parts=2))
+    assert t.injections["events"].producers == ["inject:events"]
+    assert t.injections["more"].producers == ["inject:more/0", "inject:more/1"]

@@ -54,12 +54,14 @@ def test_a_bad_sink_is_refused_word_for_word() -> None:
     t = topology()
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out': unknown option 'paht' (got '/tmp/x'). Hint: valid options are ['format', 'path', "
-            "'jdbc', 'table', 'properties', 'foreach_batch', 'delta', 'iceberg', 'warehouse']")):
+            "'jdbc', 'table', 'properties', 'foreach_batch', 'delta', 'iceberg', 'warehouse', 'kafka', "
+            "'bootstrap_servers', 'key', 'serializer', 'config', 'lease_ms']")):
         t.sink("out", format="parquet", paht="/tmp/x")
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out' needs one target (got ['foreach_batch', 'path']). Hint: pass format= and path= "
             "(a file sink), jdbc=, table= and properties= (a JDBC table), delta=path (a Delta table), "
-            "iceberg='namespace.table' and warehouse=path (an Iceberg table), or foreach_batch=fn")):
+            "iceberg='namespace.table' and warehouse=path (an Iceberg table), kafka='topic' and bootstrap_servers= "
+            "(a Kafka topic), or foreach_batch=fn")):
         t.sink("out", path="/tmp/x", foreach_batch=print)
     with pytest.raises(OptionError, match=exact(
             "Sink of stream 'out' needs option 'format' (got ['path']). Hint: a file sink takes ['format', 'path']")):
@@ -79,7 +81,7 @@ def test_a_bad_sink_is_refused_word_for_word() -> None:
 
 
 def test_a_jdbc_url_becomes_a_libpq_url_with_its_credentials() -> None:
-    from headrace.topology import libpq_url
+    from headrace.sinkspec import libpq_url
 
     assert libpq_url("jdbc:postgresql://127.0.0.1:5432/db?user=ann", {"password": "p w"}) == \
         "postgresql://ann:p%20w@127.0.0.1:5432/db"

@@ -72,7 +72,7 @@ class KafkaPart(Injector):
     def __init__(self, topic: str, config: dict[str, Any], part: int, parts: int, *, deserializer: Any,
                  timestamp: Any, max_delay_ms: int, idle_ms: int, discover_ms: int, batch_size: int,
                  poll_s: float, bounded: bool, clock: Callable[[], int]):
-        self.topic, self.config, self.part, self.parts = topic, config, part, parts
+        self.topic, self.config, self.part, self.part_count = topic, config, part, parts
         self.decode = _deserializer(deserializer)
         self.stamp = None if timestamp is None else timestamper(timestamp, clock)
         self.max_delay_ms, self.idle_ms, self.discover_ms = max_delay_ms, idle_ms, discover_ms
@@ -91,7 +91,7 @@ class KafkaPart(Injector):
         if topic is None or topic.error is not None:
             raise OptionError(f"Kafka topic {self.topic!r} was not found", got=getattr(topic, "error", None),
                               hint="create the topic first (headrace does not create input topics)")
-        return sorted(p for p in topic.partitions if p % self.parts == self.part)
+        return sorted(p for p in topic.partitions if p % self.part_count == self.part)
 
     def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
         from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition

@@ -30,6 +30,7 @@ from ..plans import interval_plans, producers_of, retired_producers, routing_pla
 from ..store import open_store
 from ..topology import Topology
 from .driver import Driver, RunResult, check_start
+from .sinks import spark_sinks
 from .inject import DataFrameInjector
 from .progress import start_progress
 from .query import QueryStats, failure_detail
@@ -237,7 +238,7 @@ class ContinuousRunner(Driver):
         if self.workers is not None:
             return self.workers
         reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values()) + bool(
-            self.topology.sinks or self.with_progress)
+            spark_sinks(self.topology) or self.with_progress)
         return max(1, self.spark.sparkContext.defaultParallelism - reserved)
 
     def _run_job(self) -> None:

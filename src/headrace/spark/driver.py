@@ -38,6 +38,7 @@ from .query import QueryStats
 from .session import spark_session, ui_url
 from .shipping import prepare_user_code
 from .checkpoints import checkpoint_root
+from .kafka_sink import KafkaSink
 from .sinks import SinkQuery, jdbc_jars, start_sinks
 
 __all__ = ["Driver", "RunResult", "claim_mode", "check_start"]
@@ -94,7 +95,7 @@ class Driver:
         check_owners(self.store, topology)
         self.checkpoint_root = checkpoint_root(self.store, topology.name, checkpoint_dir)
         self.injectors: dict[str, InjectorThread | DataFrameInjector] = {}
-        self.sinks: list[SinkQuery] = []
+        self.sinks: list[SinkQuery | KafkaSink] = []
         self.progress_queries: dict[str, StatusQuery] = {}
         self.errors: list[BaseException] = []
         self.watcher: Watcher | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import OptionError
 from ..lake import LakeSink, open_lake_sink
-from ..topology import SinkSpec
+from ..sinkspec import SinkSpec
 
 __all__ = ["LAKE_KINDS", "LakeWrite"]
 

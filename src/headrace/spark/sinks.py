@@ -16,13 +16,15 @@ import os
 from typing import Any
 
 from ..errors import OptionError, UserCodeError
-from ..topology import SinkSpec, Topology, libpq_url
+from ..sinkspec import SinkSpec, libpq_url
+from ..topology import Topology
 from .frames import stream_frame
+from .kafka_sink import KafkaSink
 from .checkpoints import clear_unfinished_writes
 from .lake_sinks import LAKE_KINDS, LakeWrite
 from .query import failure_detail
 
-__all__ = ["SinkQuery", "start_sinks", "jdbc_jars"]
+__all__ = ["SinkQuery", "start_sinks", "spark_sinks", "jdbc_jars"]
 
 # Debian's libpostgresql-jdbc-java puts the driver here.
 POSTGRES_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -133,6 +135,14 @@ class JdbcWrite:
                              ([p for p, _ in pairs], [b for _, b in pairs]))
 
 
-def start_sinks(spark: Any, topology: Topology, url: str, checkpoint_root: str, trigger_ms: int) -> list[SinkQuery]:
-    return [SinkQuery(spark, topology, spec, url, checkpoint_root, trigger_ms).start()
+def start_sinks(spark: Any, topology: Topology, url: str, checkpoint_root: str,
+                trigger_ms: int) -> list[SinkQuery | KafkaSink]:
+    """A Spark streaming query per file, JDBC or ``foreach_batch`` sink; a writer thread per Kafka sink."""
+    return [KafkaSink(topology.name, spec, url).start() if spec.kind == "kafka"
+            else SinkQuery(spark, topology, spec, url, checkpoint_root, trigger_ms).start()
             for spec in topology.sinks.values()]
+
+
+def spark_sinks(topology: Topology) -> bool:
+    """Whether any sink of ``topology`` is a Spark query (a Kafka sink is a thread of the driver)."""
+    return any(s.kind != "kafka" for s in topology.sinks.values())

@@ -21,8 +21,9 @@ __all__ = ["failpoint_from_env", "STEPS"]
 # segment it hands on (when a sink writes the stream, that task is the sink's write); and
 # ``rescale``: inside the transaction that re-partitions a computation's keys (store/rescale.py);
 # ``lake_commit``: inside a Delta or Iceberg sink's write, between the data files it writes and
-# the table commit that makes them visible (headrace/lake).
-STEPS = (*COMMIT_STEPS, "stream_read", "rescale", "lake_commit")
+# the table commit that makes them visible (headrace/lake); ``sink_commit``: a Kafka sink's
+# transaction, its records and ledger sent, just before its commit.
+STEPS = (*COMMIT_STEPS, "stream_read", "rescale", "lake_commit", "sink_commit")
 
 
 def failpoint_from_env(value: str | None = None) -> Callable[[str], None] | None:

@@ -117,7 +117,7 @@ def test_a_writer_that_read_the_table_before_a_newer_one_wrote_cannot_commit(kin
 def test_a_value_field_named_like_a_record_column_is_refused_word_for_word(tmp_path: Path) -> None:
     from headrace.errors import OptionError
     from headrace.spark.lake_sinks import LakeWrite
-    from headrace.topology import SinkSpec
+    from headrace.sinkspec import SinkSpec
 
     spec = SinkSpec("counts-delta", "counts", "delta", delta=str(tmp_path / "d"))
     with pytest.raises(OptionError, match="^" + re.escape(

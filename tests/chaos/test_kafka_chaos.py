@@ -1,0 +1,212 @@
+"""Kafka in, Kafka out, under chaos: a topic of 3 partitions (a 4th added while it runs, which must
+be read from its first offset) -> two keyed stages -> the Kafka sink, in both modes, with the
+driver and the workers SIGKILLed again and again, some of the kills inside a sink's Kafka
+transaction (the ``sink_commit`` failpoint: records and ledger sent, not committed). A
+``read_committed`` consumer of the output topic must hold every input record exactly once.
+
+CI runs three kills (two inside a sink commit, one worker) in continuous mode; ``scripts/test
+--long tests/chaos`` runs three in micro-batch mode too, and twelve a mode. Another sink joins by an entry in ``kafka_topology.SINKS`` and
+one in ``READERS`` below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from ..ci import long_only
+from ..kafka.sinks import read_topic
+from .kafka_topology import USERS
+from .test_chaos import continuous_workers, python_workers
+
+SCRIPT = Path(__file__).with_name("kafka_topology.py")
+
+# how to read back what each sink of kafka_topology.SINKS holds: the n of every record, with repeats
+READERS: dict[str, Callable[[Any, str], list[int]]] = {
+    "kafka": lambda broker, topic: [json.loads(m.value)["n"] for m in read_topic(broker.bootstrap_servers, topic)],
+}
+
+
+class Feeder(threading.Thread):
+    """Produces ``n`` events to the input topic at ``rate`` a second; at the halfway point adds a
+    partition and sends every fifth event after that to it."""
+
+    def __init__(self, broker: Any, topic: str, n: int, rate: float, partitions: int):
+        super().__init__(daemon=True)
+        self.broker, self.topic, self.n, self.rate, self.partitions = broker, topic, n, rate, partitions
+        self.error: BaseException | None = None
+        self.added = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Producer
+
+        try:
+            config = {"bootstrap.servers": self.broker.bootstrap_servers, "enable.idempotence": True}
+            producer = Producer(config)
+            started = time.monotonic()
+            for i in range(self.n):
+                if i == self.n // 2:
+                    producer.flush(30)
+                    self.broker.add_partitions(self.topic, self.partitions + 1)
+                    self.added.set()
+                    producer = Producer(config)  # one that knows the new partition
+                value = json.dumps({"user": USERS[i % len(USERS)], "n": i, "ts": 1_700_000_000_000 + i * 5}).encode()
+                extra = {"partition": self.partitions} if self.added.is_set() and i % 5 == 0 else {}
+                producer.produce(self.topic, value, key=USERS[i % len(USERS)].encode(), **extra)
+                producer.poll(0)
+                ahead = (i + 1) / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)  # pacing the load, not ordering anything
+            producer.flush(30)
+        except BaseException as exc:
+            self.error = exc
+
+
+class KafkaMonkey:
+    def __init__(self, tmp: Path, broker: Any, mode: str, sinks: dict[str, str], seed: int):
+        self.broker, self.mode, self.sinks = broker, mode, sinks
+        self.store = f"sqlite:///{tmp}/store.db"
+        self.input = broker.create_topic(partitions=3)
+        self.marks = tmp / "marks"
+        self.marks.mkdir()
+        self.rng = random.Random(seed)
+        self.kills: Counter[str] = Counter()
+        self.driver: subprocess.Popen[str] | None = None
+        self.log = open(tmp / "drivers.log", "a")
+        self.began = time.monotonic()
+        self.times: list[str] = []  # when each kill happened (s since the start), for the summary
+
+    def start(self) -> None:
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+               "HEADRACE_FAILPOINTS": f"sink_commit=sleep:100:{self.marks}"}
+        sinks = [f"{kind}={arg}" for kind, arg in self.sinks.items()]
+        self.driver = subprocess.Popen([sys.executable, str(SCRIPT), self.store, self.mode,
+                                        self.broker.bootstrap_servers, self.input, *sinks],
+                                       env=env, stdout=self.log, stderr=self.log, text=True, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.driver is not None and self.driver.poll() is None
+
+    def kill_driver(self, kind: str = "driver") -> None:
+        assert self.driver is not None
+        os.killpg(self.driver.pid, signal.SIGKILL)
+        self.driver.wait()
+        for mark in self.marks.iterdir():
+            mark.unlink(missing_ok=True)
+        self.kills[kind] += 1
+        self.times.append(f"{kind} {time.monotonic() - self.began:.0f}s")
+        self.start()
+
+    def kill_worker(self) -> bool:
+        assert self.driver is not None
+        workers = (continuous_workers(self.store, self.driver.pid) if self.mode == "continuous"
+                   else python_workers(self.driver.pid))
+        if not workers:
+            return False
+        os.kill(self.rng.choice(workers), signal.SIGKILL)
+        self.kills["worker"] += 1
+        self.times.append(f"worker {time.monotonic() - self.began:.0f}s")
+        return True
+
+    def kill_in_sink_commit(self, wait_s: float = 60.0) -> bool:
+        """SIGKILL the driver while its sink writer sleeps at the failpoint inside a transaction."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self.alive():
+            if any(self.marks.iterdir()):
+                self.kill_driver("sink_commit")
+                return True
+            time.sleep(0.005)
+        return False
+
+    def run(self, kills: int, kinds: tuple[str, ...], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        self.start()
+        while sum(self.kills.values()) < kills:
+            assert time.monotonic() < deadline, f"chaos ran out of time after {dict(self.kills)}"
+            if not self.alive():
+                raise AssertionError(f"a driver exited: {Path(self.log.name).read_text()[-3000:]}")
+            missing = [k for k in kinds if self.kills[k] < kinds.count(k)]
+            kind = missing[0] if missing else self.rng.choice(kinds)
+            if kind == "sink_commit":
+                self.kill_in_sink_commit()
+            elif kind == "worker":
+                self._when_running()
+                self.kill_worker()
+                time.sleep(self.rng.uniform(0.5, 2))
+            else:
+                time.sleep(self.rng.uniform(2, 6))
+                self.kill_driver()
+        print(f"kafka chaos: survived {dict(self.kills)}: {', '.join(self.times)}")
+
+    def _when_running(self, wait_s: float = 60.0) -> None:
+        """Wait until the pipeline runs again: its sink has committed since the last restart."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self.alive() and not any(self.marks.iterdir()):
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.driver is not None
+            os.killpg(self.driver.pid, signal.SIGKILL)
+            self.driver.wait()
+
+
+def kafka_chaos(broker: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple[str, ...], n: int,
+                rate: float, timeout_s: float) -> None:
+    output = broker.create_topic(partitions=3)
+    sinks = {"kafka": output}
+    monkey = KafkaMonkey(tmp_path, broker, mode, sinks, seed=kills)
+    feeder = Feeder(broker, monkey.input, n, rate, partitions=3)
+    try:
+        feeder.start()
+        monkey.run(kills, kinds, timeout_s)
+        feeder.join(timeout=timeout_s)
+        assert feeder.error is None and feeder.added.is_set(), feeder.error
+        deadline = time.monotonic() + timeout_s
+        while True:  # no more kills: let it write everything, restarting a driver that died
+            held = {kind: READERS[kind](broker, arg) for kind, arg in sinks.items()}
+            if all(len(set(ns)) >= n for ns in held.values()):
+                break
+            assert time.monotonic() < deadline, f"the sinks never held all {n}: {[len(set(v)) for v in held.values()]}"
+            if not monkey.alive():
+                monkey.start()
+            time.sleep(1)
+        time.sleep(1)  # a last look for copies written after the last record
+        held = {kind: READERS[kind](broker, arg) for kind, arg in sinks.items()}
+        print(f"kafka chaos: every record out after {time.monotonic() - monkey.began:.0f}s")
+    finally:
+        monkey.stop()
+    for kind, ns in held.items():
+        doubled = sorted(x for x, c in Counter(ns).items() if c > 1)
+        assert sorted(set(ns)) == list(range(n)) and not doubled, (kind, doubled[:10], sorted(set(range(n)) - set(ns))[:10])
+    late = [m for m in read_topic(broker.bootstrap_servers, monkey.input) if m.partition == 3]
+    assert late, "nothing was sent to the partition added mid-run"  # and the oracle above holds its records
+    assert sum(monkey.kills.values()) >= kills and monkey.kills["sink_commit"] >= min(2, kills), monkey.kills
+
+
+@pytest.mark.parametrize("mode", ["continuous", "microbatch"])
+def test_kafka_to_kafka_holds_every_record_once_after_three_kills(kafka_broker: Any, tmp_path: Path, mode: str) -> None:
+    if mode == "microbatch":  # 74 s and 251 s in two runs here, mostly catching up
+        long_only("the micro-batch Kafka chaos", covered_by="the continuous one (34 s here)")
+    kafka_chaos(kafka_broker, tmp_path, mode, kills=3, kinds=("sink_commit", "worker", "sink_commit"), n=3_000,
+                rate=150, timeout_s=240)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["continuous", "microbatch"])
+def test_kafka_to_kafka_holds_every_record_once_after_twelve_kills(kafka_broker: Any, tmp_path: Path,
+                                                                   mode: str) -> None:
+    kafka_chaos(kafka_broker, tmp_path, mode, kills=12,
+                kinds=("sink_commit", "driver", "worker", "sink_commit", "worker", "driver"),
+                n=15_000, rate=120, timeout_s=900)

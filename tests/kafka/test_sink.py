@@ -1,0 +1,156 @@
+"""The Kafka sink's writer against a real broker: exactly once through restarts, its ledger in the
+Kafka transaction, and a zombie writer (paused past its lease, then resumed) that cannot commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headrace.errors import FencedWriterError
+from headrace.names import meta
+from headrace.spark.kafka_sink import KafkaSinkWriter, decode_ledger
+from headrace.store import open_store
+
+from .sink_writer import STREAM, TOPOLOGY, spec
+from .sinks import exactly_once, publish, read_topic
+
+WRITER = Path(__file__).with_name("sink_writer.py")
+
+
+def writer(store_url: str, topic: str, broker: Any, lease_ms: int = 1_000) -> KafkaSinkWriter:
+    return KafkaSinkWriter(TOPOLOGY, spec(topic, broker.bootstrap_servers, lease_ms), store_url)
+
+
+def drain(w: KafkaSinkWriter) -> None:
+    while w.write_once(refresh=True):
+        pass
+
+
+def test_records_reach_a_read_committed_consumer_once_with_their_ids(kafka_broker: Any, tmp_path: Path) -> None:
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=3)
+    ids = publish(store_url, STREAM, range(1, 4), per_batch=20)
+    w = writer(store_url, topic, kafka_broker).open()
+    drain(w)
+    assert w.positions == {"inject:things": 3}
+    messages = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert exactly_once(messages, ids) is None
+    assert all(m.key == m.headers["headrace.id"] for m in messages)  # key='id': the record id
+    assert sorted(json.loads(m.value)["n"] for m in messages) == list(range(20, 80))
+    assert {m.partition for m in messages} == {0, 1, 2}
+    # the writer goes away without a word (as a SIGKILL would); the next resumes from the ledger in Kafka
+    ids += publish(store_url, STREAM, range(4, 6), per_batch=20)
+    w2 = writer(store_url, topic, kafka_broker).open()
+    assert w2.positions == {"inject:things": 3} and w2.sequence == w.sequence
+    drain(w2)
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    w2.close()
+    w.store.close()
+
+
+def test_a_writer_killed_inside_its_commit_leaves_nothing_or_everything(kafka_broker: Any, tmp_path: Path) -> None:
+    """SIGKILL at the sink_commit failpoint (records and ledger sent, not committed): the next writer
+    aborts that transaction (init_transactions) and writes the batch again, once."""
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
+    ids = publish(store_url, STREAM, range(1, 3), per_batch=10)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = start_writer(store_url, topic, kafka_broker, lease_ms=500, failpoint=f"sink_commit=sleep:30000:{marks}")
+    wait_for(lambda: any(marks.iterdir()), "the writer inside its commit")
+    proc.kill()
+    proc.wait()
+    w = writer(store_url, topic, kafka_broker).open()
+    assert w.positions == {}  # the killed transaction's ledger was never committed
+    drain(w)
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    w.close()
+
+
+def test_a_zombie_writer_paused_past_its_lease_cannot_commit(kafka_broker: Any, tmp_path: Path) -> None:
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
+    ids = publish(store_url, STREAM, range(1, 4), per_batch=10)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    zombie = start_writer(store_url, topic, kafka_broker, lease_ms=1_000,
+                          failpoint=f"sink_commit=sleep:2000:{marks}")
+    wait_for(lambda: any(marks.iterdir()), "the first writer inside its commit")
+    zombie.send_signal(signal.SIGSTOP)  # its transaction holds batches 1-3, not yet committed
+    try:
+        store = open_store(store_url)
+        lease = json.loads(store.get_meta(meta.sink_lease(TOPOLOGY, "out")) or "{}")
+        wait_for(lambda: store.now() > lease["until"], "the paused writer's lease to run out")
+        store.close()
+        ids += publish(store_url, STREAM, range(4, 6), per_batch=10)
+        successor = writer(store_url, topic, kafka_broker).open()  # takes the lease, fences the zombie's epoch
+        assert successor.owner != lease["owner"]
+        drain(successor)
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+    _, err = zombie.communicate(timeout=60)
+    assert zombie.returncode == 3, err
+    assert f"Kafka fenced the writer of sink 'out': a newer writer took its transactional.id " \
+           f"'headrace:{TOPOLOGY}:out'" in err
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    assert successor.ledger()[0] == {"inject:things": 5}
+    successor.close()
+
+
+def test_a_live_writer_holds_its_lease_against_a_second(kafka_broker: Any, tmp_path: Path) -> None:
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic()
+    first = writer(store_url, topic, kafka_broker, lease_ms=60_000).open()
+    second = writer(store_url, topic, kafka_broker, lease_ms=60_000)
+    second._put_lease(second.store.now())  # a writer that took the lease without waiting (a race)
+    with pytest.raises(FencedWriterError, match="The Kafka sink 'out' lost its lease to another writer"):
+        first.lease_until = 0  # due for renewal
+        first.write_once()
+    first.close()
+    second.close()
+
+
+def test_the_ledger_round_trips() -> None:
+    from headrace.spark.kafka_sink import encode_ledger
+
+    positions = {f"Stage/{i}": i * 7 for i in range(64)}
+    assert decode_ledger(encode_ledger(positions)) == positions and decode_ledger(None) == {}
+
+
+def start_writer(store_url: str, topic: str, broker: Any, lease_ms: int, failpoint: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "HEADRACE_FAILPOINTS": failpoint}
+    return subprocess.Popen([sys.executable, str(WRITER), store_url, topic, broker.bootstrap_servers, str(lease_ms)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.01)
+
+
+def test_the_driver_thread_flushes_reports_its_positions_and_releases_its_lease(kafka_broker: Any,
+                                                                              tmp_path: Path) -> None:
+    from headrace.spark.kafka_sink import KafkaSink
+
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
+    ids = publish(store_url, STREAM, range(1, 3), per_batch=15)
+    sink = KafkaSink(TOPOLOGY, spec(topic, kafka_broker.bootstrap_servers, 60_000), store_url).start()
+    ids += publish(store_url, STREAM, range(3, 5), per_batch=15)
+    sink.flush()
+    assert sink.written() == {"inject:things": 4}
+    sink.check()
+    sink.stop()
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    store = open_store(store_url)
+    assert store.get_meta(meta.sink_lease(TOPOLOGY, "out")) is None  # released: the next writer need not wait 60 s
+    store.close()
+    began = time.monotonic()
+    nxt = writer(store_url, topic, kafka_broker, lease_ms=60_000).open()
+    assert time.monotonic() - began < 30 and nxt.positions == {"inject:things": 4}
+    nxt.close()
