@@ -91,6 +91,15 @@ def continuous_workers(store_url: str, driver: int) -> list[int]:
     return sorted(pids & set(descendants(driver)))
 
 
+def kill_a_worker(store_url: str, driver: int, mode: str, rng: random.Random) -> bool:
+    """SIGKILL one of ``driver``'s Python workers, picked by ``rng``; False if it has none now."""
+    workers = continuous_workers(store_url, driver) if mode == "continuous" else python_workers(driver)
+    if not workers:
+        return False
+    os.kill(rng.choice(workers), signal.SIGKILL)
+    return True
+
+
 class Monkey:
     def __init__(self, tmp: Path, store: str, productions: str, n: int, seed: int, mode: str = "microbatch",
                  monoids: bool = False, rescales: str | None = None):
@@ -138,11 +147,8 @@ class Monkey:
 
     def kill_worker(self) -> bool:
         assert self.driver is not None
-        workers = (continuous_workers(self.store, self.driver.pid) if self.mode == "continuous"
-                   else python_workers(self.driver.pid))
-        if not workers:
+        if not kill_a_worker(self.store, self.driver.pid, self.mode, self.rng):
             return False
-        os.kill(self.rng.choice(workers), signal.SIGKILL)
         self.kills["worker"] += 1
         return True
 

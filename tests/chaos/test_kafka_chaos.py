@@ -28,7 +28,7 @@ import pytest
 from ..ci import long_only
 from ..kafka.sinks import read_topic
 from .kafka_topology import USERS
-from .test_chaos import continuous_workers, python_workers
+from .test_chaos import kill_a_worker
 
 SCRIPT = Path(__file__).with_name("kafka_topology.py")
 
@@ -110,11 +110,8 @@ class KafkaMonkey:
 
     def kill_worker(self) -> bool:
         assert self.driver is not None
-        workers = (continuous_workers(self.store, self.driver.pid) if self.mode == "continuous"
-                   else python_workers(self.driver.pid))
-        if not workers:
+        if not kill_a_worker(self.store, self.driver.pid, self.mode, self.rng):
             return False
-        os.kill(self.rng.choice(workers), signal.SIGKILL)
         self.kills["worker"] += 1
         self.times.append(f"worker {time.monotonic() - self.began:.0f}s")
         return True
