@@ -179,3 +179,48 @@ def test_the_journal_keeps_each_producers_head_its_bus_rows_and_the_monitoring_h
     assert trimmed.journal == sum(before.values()) - sum(len(store.batches(p)) for p in before)
     # the injector's batches keep their segments (no window) and Slow has read none of them
     assert len(store.batches("inject:events")) == before["inject:events"] == 4
+
+
+def test_the_trim_deletes_in_short_steps_and_records_what_goes_before_it_goes(bus: Any, monkeypatch: Any) -> None:
+    """Each DELETE covers at most ``TRIM_STEP_BATCHES`` batches (a store with one writer holds the
+    pipeline back one short step at a time); a trim that dies between its steps has already
+    recorded what it forgets, so a replay is refused, and the next trim finishes the job."""
+    store, t, plan, clock = bus
+    fast, slow = worker(store, t, "Fast", clock), worker(store, t, "Slow", clock)
+    for batch in range(1, 13):
+        publish(store, plan, batch, clock)
+        fast.step()
+        slow.step()
+    clock.now += 10 * WINDOW
+    monkeypatch.setattr(type(store), "TRIM_STEP_BATCHES", 3)
+    deletes: list[tuple[str, tuple[Any, ...]]] = []
+    steps_left = [2]
+    real_x = store._x
+
+    def counting_x(sql: str, params: Any = ()) -> Any:
+        if sql.startswith("DELETE FROM segments"):
+            if steps_left[0] == 0:
+                raise KeyboardInterrupt("killed between two steps of the trim")
+            steps_left[0] -= 1
+        if sql.startswith("DELETE FROM") and "AND batch <= ?" in sql:
+            deletes.append((sql, tuple(params)))
+        return real_x(sql, params)
+
+    monkeypatch.setattr(store, "_x", counting_x)
+    with pytest.raises(KeyboardInterrupt):
+        store.trim(readers(t), {"events": WINDOW}, clock())
+    assert 0 < rows(store, "segments", "stream = 'events'") < 12, "died half way"
+    with pytest.raises(OptionError, match=re.escape("forgot its batches 1..12 (got a read from its batch 1)")):
+        store.check_replay("events", "inject:events", 0)
+
+    steps_left[0] = 10**9
+    store.trim(readers(t), {"events": WINDOW}, clock())
+    assert rows(store, "segments", "stream = 'events'") == 0 and rows(store, "routes") == 0
+    assert [b.batch for b in store.batches("inject:events")] == [12]
+    spans: dict[tuple[str, tuple[Any, ...]], list[int]] = {}
+    for sql, params in deletes:  # per table and reader, consecutive statements step through the batches
+        spans.setdefault((sql, params[:-1]), []).append(int(params[-1]))
+    for (sql, _), upto in spans.items():
+        table = sql.split()[2]
+        assert all(b - a <= 3 for a, b in zip(upto, upto[1:])), (table, upto)
+    assert len(spans) >= 3 and max(len(u) for u in spans.values()) >= 4
