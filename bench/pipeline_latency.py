@@ -360,9 +360,9 @@ def compare_progress(args: Any, spark: Any, modes: list[str]) -> None:
             print(f"{label:<28} {off:>15,.1f} {on_:>10,.1f} {on_ / off if off else float('nan'):>8.2f}x")
 
 
-def peak_rss_of_descendants(root: int, field: str = "VmHWM") -> list[tuple[str, float]]:
+def peak_rss_of_descendants(root: int, field: str = "VmHWM", skip: int | None = None) -> list[tuple[str, float]]:
     """Peak resident memory (``field="VmRSS"``: current) of every live descendant (the JVM, Python
-    workers) in MB, from /proc."""
+    workers) in MB, from /proc; ``skip`` is a process left out (a measuring one)."""
     out, stack = [], [root]
     while stack:
         pid = stack.pop()
@@ -373,6 +373,8 @@ def peak_rss_of_descendants(root: int, field: str = "VmHWM") -> list[tuple[str, 
             except OSError:
                 continue
         for child in map(int, children):
+            if child == skip:
+                continue
             stack.append(child)
             try:
                 status = dict(line.split(":", 1) for line in open(f"/proc/{child}/status").read().splitlines()

@@ -12,7 +12,8 @@ counts must equal the oracle: the generator's input is deterministic (record ``n
 ``u{n % 997}`` and event time ``t0 + n * 1000 // rate``), so the counts per (user, window) are known.
 The run passes ``run(retention_ms=--retention-s * 1000)``: the driver trims the bus every 10 s.
 
-Every 10 s a sampler reads the stages' sighting logs and the journal (per-hop delivery latency, as
+Every 10 s a sampler, in a process of its own (not the driver's, whose interpreter runs the injector),
+reads the stages' sighting logs and the journal (per-hop delivery latency, as
 ``pipeline_latency.py`` measures it: from the ``completed_at`` of the batch that holds a record to
 the consumer's user code) and the watermark lag of Third (an injector batch's publish to the
 authority's ``Third`` journal reaching its watermark; marks not reached 10 s after publish are
@@ -34,7 +35,9 @@ import argparse
 import csv
 import glob
 import importlib.util
+import multiprocessing
 import os
+import queue
 import sqlite3
 import tempfile
 import threading
@@ -205,17 +208,22 @@ class Store:
             return list(db.execute(sql).fetchall())
 
 
-class Sampler(threading.Thread):
+class Sampler:
     """Every ``SAMPLE_S``: new sightings and injector marks, resolved against the journal before
-    the replay window trims it; every minute one row of the table."""
+    the replay window trims it; every minute one row of the table.
 
-    def __init__(self, url: str, log_dir: str, minutes: int, on_row: Callable[[dict[str, Any]], None]) -> None:
-        super().__init__(daemon=True)
-        self.url, self.log_dir, self.on_row = url, log_dir, on_row
+    It runs in a process of its own (``SamplerProcess``), not in the driver: parsing a minute's
+    sightings and journal holds a Python interpreter's lock for hundreds of milliseconds, and the
+    driver's interpreter is the one that runs the injector, so a sampler thread there stalled the
+    publishes it was measuring (the first hop's p99, and only that hop's)."""
+
+    def __init__(self, url: str, log_dir: str, minutes: int, driver_pid: int, done: Any,
+                 on_row: Callable[[dict[str, Any]], None]) -> None:
+        self.url, self.log_dir, self.on_row, self.driver_pid = url, log_dir, on_row, driver_pid
         self.store, self.size = open_store(url), Store(url)
         self.offsets: dict[str, int] = {}
         self.cut = 0  # injector batches published before this were measured for lag
-        self.done, self.minute = threading.Event(), 0
+        self.done, self.minute = done, 0
         self.started = time.time()
         self.unresolved = 0
         self.reference_rows: dict[str, int] = {}
@@ -235,8 +243,6 @@ class Sampler(threading.Thread):
                 self.row()
 
     def finish(self) -> None:
-        self.done.set()
-        self.join()
         self.sample(float("inf"))
         if self.hops[HOPS[0]]:
             self.row(partial=True)
@@ -277,8 +283,8 @@ class Sampler(threading.Thread):
 
     def row(self, partial: bool = False) -> None:
         self.minute += 1
-        others = peak_rss_of_descendants(os.getpid(), "VmRSS")
-        with open(f"/proc/{os.getpid()}/status") as f:
+        others = peak_rss_of_descendants(self.driver_pid, "VmRSS", skip=os.getpid())
+        with open(f"/proc/{self.driver_pid}/status") as f:
             driver = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
         row: dict[str, Any] = {"minute": self.minute, "partial": partial, "store_mb": self.size.size_mb(),
                                "wal_mb": self.size.wal_mb()}
@@ -294,6 +300,53 @@ class Sampler(threading.Thread):
             self.reference_mb = self.size.table_mb()
         self._reset()
         self.on_row(row)
+
+
+def sample_in_child(url: str, log_dir: str, minutes: int, driver_pid: int, done: Any, out: Any) -> None:
+    """The sampler process's body: rows go to ``out`` as they are made, then the run's totals."""
+    os.nice(10)  # measuring yields the CPU to what it measures
+    sampler = Sampler(url, log_dir, minutes, driver_pid, done, lambda row: out.put(("row", row)))
+    sampler.run()
+    sampler.finish()
+    out.put(("end", {"unresolved": sampler.unresolved, "reference_rows": sampler.reference_rows,
+                     "reference_mb": sampler.reference_mb}))
+
+
+class SamplerProcess:
+    """``Sampler`` in a spawned process; the driver only prints the rows it sends."""
+
+    def __init__(self, url: str, log_dir: str, minutes: int, on_row: Callable[[dict[str, Any]], None]) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.done, self.out, self.on_row = ctx.Event(), ctx.Queue(), on_row
+        self.process = ctx.Process(target=sample_in_child, args=(url, log_dir, minutes, os.getpid(), self.done,
+                                                                 self.out), daemon=True)
+        self.printer = threading.Thread(target=self._print, daemon=True)
+        self.totals: dict[str, Any] = {}
+
+    def start(self) -> None:
+        self.process.start()
+        self.printer.start()
+
+    def _print(self) -> None:
+        while True:
+            try:
+                kind, body = self.out.get(timeout=1.0)
+            except queue.Empty:
+                if self.process.is_alive():
+                    continue
+                raise RuntimeError(f"the sampler process ended ({self.process.exitcode}) without its totals")
+            if kind == "end":
+                self.totals = body
+                return
+            self.on_row(body)
+
+    def finish(self) -> dict[str, Any]:
+        self.done.set()
+        self.printer.join()
+        self.process.join()
+        if not self.totals:
+            raise RuntimeError(f"the sampler process ended ({self.process.exitcode}) without its totals")
+        return self.totals
 
 
 def start_postgres() -> tuple[Any, str]:
@@ -408,24 +461,24 @@ def main() -> None:
 
     try:
         spark = spark_session(args.master)
-        sampler = Sampler(url, folder, minutes, on_row)
+        sampler = SamplerProcess(url, folder, minutes, on_row)
         topology = build(count, args.rate, t0, folder, args.inject_batch, args.window_s * 1000, args.shards, outputs)
         sampler.start()
         started = time.time()
         run(topology, store=url, spark=spark, progress=None, mode="continuous", retention_ms=args.retention_s * 1000)
         took = time.time() - started
-        sampler.finish()
+        totals = sampler.finish()
         print(f"ran {count:,} records in {took:.0f} s; sightings whose batch was trimmed before measured: "
-              f"{sampler.unresolved:,}")
+              f"{totals['unresolved']:,}")
         final = Store(url).rows()
         final.update({f"batches of {k}": v for k, v in Store(url).journal().items()})
         print(f"\nrows per table: minute {reference} -> end")
-        for table in sorted(set(final) | set(sampler.reference_rows)):
-            print(f"  {table:<30} {sampler.reference_rows.get(table, 0):>10,} -> {final.get(table, 0):>10,}")
+        for table in sorted(set(final) | set(totals['reference_rows'])):
+            print(f"  {table:<30} {totals['reference_rows'].get(table, 0):>10,} -> {final.get(table, 0):>10,}")
         final_mb = Store(url).table_mb()
         print(f"\nMB per table with its indexes: minute {reference} -> end")
-        for table in sorted(set(final_mb) | set(sampler.reference_mb)):
-            print(f"  {table:<30} {sampler.reference_mb.get(table, 0):>10.1f} -> {final_mb.get(table, 0):>10.1f}")
+        for table in sorted(set(final_mb) | set(totals['reference_mb'])):
+            print(f"  {table:<30} {totals['reference_mb'].get(table, 0):>10.1f} -> {final_mb.get(table, 0):>10.1f}")
         ok = checks(rows, reference, outputs.compare(oracle(count, args.rate, t0, args.window_s * 1000)))
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"soak-{args.store}-{minutes}min")
