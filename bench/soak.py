@@ -212,10 +212,10 @@ class Sampler:
     """Every ``SAMPLE_S``: new sightings and injector marks, resolved against the journal before
     the replay window trims it; every minute one row of the table.
 
-    It runs in a process of its own (``SamplerProcess``), not in the driver: parsing a minute's
-    sightings and journal holds a Python interpreter's lock for hundreds of milliseconds, and the
-    driver's interpreter is the one that runs the injector, so a sampler thread there stalled the
-    publishes it was measuring (the first hop's p99, and only that hop's)."""
+    It runs in a process of its own (``SamplerProcess``), not in the driver: parsing 10 s of
+    sightings and the journal holds a Python interpreter's lock while it runs, and the
+    driver's interpreter is the one that runs the injector, so a sampler thread there delays the
+    publishes it measures (the first hop, and only that hop, whose producer is in the driver)."""
 
     def __init__(self, url: str, log_dir: str, minutes: int, driver_pid: int, done: Any,
                  on_row: Callable[[dict[str, Any]], None]) -> None:
