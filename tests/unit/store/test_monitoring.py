@@ -81,3 +81,25 @@ def test_on_sqlite_the_monitors_counts_read_an_index_not_the_segments(tmp_path: 
             assert "USING COVERING INDEX segments_by_time" in plan, (sql, plan)
     finally:
         store.close()
+
+
+def test_on_sqlite_the_producers_of_a_stream_are_read_from_an_index_not_the_segments(tmp_path: Any) -> None:
+    """A seek in the segments table (no rowid: its rows are its primary key's b-tree) loads a
+    row's whole payload, its ``data`` included: each continuous worker asks for its streams'
+    producers once a second, and the streams are answered from a covering index."""
+    from headrace.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "store.db"))
+    try:
+        publish(store, "inject:s", 1, 3)
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        assert store.stream_producers("s") == ["inject:s"] and "s" in store.streams()
+        store._db.set_trace_callback(None)
+        reads = [sql for sql in statements if "FROM segments" in sql]
+        assert len(reads) == 2, statements
+        for sql in reads:
+            plan = " ".join(str(row[-1]) for row in store._db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+            assert "segments USING COVERING INDEX segments_by_stream" in plan, (sql, plan)
+    finally:
+        store.close()
