@@ -200,19 +200,13 @@ class KeyExtractor:
     def many(self, values: list[Any]) -> list[str] | None:
         """The keys of many values at once; None if any has no key (call it one value at a time
         to learn which and why)."""
-        str_, int_, name = str, int, self.field
+        str_, name = str, self.field
         try:
-            if name is None:
-                keys = list(map(self._fn, values))
-            elif self.kind is int_:
-                ints = [v[name] for v in values]
-                if not all(type(i) is int_ for i in ints):
-                    return None
-                return list(map(str_, ints))
-            else:
-                keys = [v[name] for v in values]
+            keys = [v[name] for v in values] if name is not None else list(map(self._fn, values))
         except Exception:
             return None
+        if self.kind is int:  # an int field's decimal text (a bool, or any other, has none)
+            return list(map(str_, keys)) if all(type(k) is int for k in keys) else None
         if not all(type(k) is str_ for k in keys):
             return None
         joined = "".join(keys)
@@ -255,14 +249,12 @@ def key_by(field_or_callable: str | Callable[[Any], Any], kind: type = str) -> K
                     got=value,
                     hint="check the field name, or pass a function: key_by(lambda v: ...)",
                 ) from None
-            if kind is int:
-                if type(key) is not int:
-                    raise InvalidKeyError(f"{described} found no int in field {field!r}",
-                                          got_text=f"{key!r} of type {type(key).__name__}",
-                                          hint=f"key_by({field!r}) keys by a str field; convert others in a function, "
-                                               f"e.g. key_by(lambda v: str(v[{field!r}]))")
-                return str(key)
-            return key
+            if kind is str or type(key) is int:
+                return key if kind is str else str(key)
+            raise InvalidKeyError(f"{described} found no int in field {field!r}",
+                                  got_text=f"{key!r} of type {type(key).__name__}",
+                                  hint=f"key_by({field!r}) keys by a str field; convert others in a function, "
+                                       f"e.g. key_by(lambda v: str(v[{field!r}]))")
 
         return KeyExtractor(by_field, described, field, kind)
     if callable(field_or_callable):
