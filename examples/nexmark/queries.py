@@ -34,8 +34,8 @@ WINDOW, HOP = 10_000, 2_000
 
 
 def by(field: str) -> Any:
-    """Keys by an integer field of the value, as a string."""
-    return key_by(lambda value: str(value[field]))
+    """Keys by an integer field of the value, as its decimal text (read from the bus's field columns)."""
+    return key_by(field, int)
 
 
 # -- q0, q1, q2: stateless --------------------------------------------------------------------

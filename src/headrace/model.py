@@ -171,12 +171,13 @@ MONOID_HOOKS = ("zero", "lift", "combine", "emit")
 class KeyExtractor:
     """Turns a record's value into the consumer's key (always a ``str``)."""
 
-    __slots__ = ("description", "_fn", "field")
+    __slots__ = ("description", "_fn", "field", "kind")
 
-    def __init__(self, fn: Callable[[Any], Any], description: str, field: str | None = None):
+    def __init__(self, fn: Callable[[Any], Any], description: str, field: str | None = None, kind: type = str):
         self._fn = fn
         self.description = description
         self.field = field  # key_by("field"): the field it reads (``many`` reads it directly); None for a function
+        self.kind = kind  # what the field holds: a str (the key), or an int (the key is its decimal text)
 
     def __call__(self, value: Any) -> str:
         key = self._fn(value)
@@ -199,11 +200,13 @@ class KeyExtractor:
     def many(self, values: list[Any]) -> list[str] | None:
         """The keys of many values at once; None if any has no key (call it one value at a time
         to learn which and why)."""
+        str_, name = str, self.field
         try:
-            keys = [v[self.field] for v in values] if self.field is not None else list(map(self._fn, values))
+            keys = [v[name] for v in values] if name is not None else list(map(self._fn, values))
         except Exception:
             return None
-        str_ = str
+        if self.kind is int:  # an int field's decimal text (a bool, or any other, has none)
+            return list(map(str_, keys)) if all(type(k) is int for k in keys) else None
         if not all(type(k) is str_ for k in keys):
             return None
         joined = "".join(keys)
@@ -214,7 +217,7 @@ class KeyExtractor:
         """What the extractor does, as a short text two processes agree on: its field, or its
         function's name and code (a routed segment keyed with another extractor is keyed again)."""
         if self.field is not None:
-            return f"field:{self.field}"
+            return f"field:{self.field}" if self.kind is str else f"field:{self.field}:{self.kind.__name__}"
         code = getattr(self._fn, "__code__", None)
         text = (self.description if code is None else
                 f"{self.description}:{code.co_code.hex()}:{code.co_consts!r}:{code.co_names!r}")
@@ -224,22 +227,36 @@ class KeyExtractor:
         return self.description
 
 
-def key_by(field_or_callable: str | Callable[[Any], Any]) -> KeyExtractor:
-    """``key_by("query")`` keys by ``value["query"]``; ``key_by(fn)`` keys by ``fn(value)``."""
+def key_by(field_or_callable: str | Callable[[Any], Any], kind: type = str) -> KeyExtractor:
+    """``key_by("query")`` keys by ``value["query"]``; ``key_by("user_id", int)`` by the decimal
+    text of an int field, ``str(value["user_id"])``; ``key_by(fn)`` keys by ``fn(value)``. A field
+    is read from a typed stream's field columns without unpickling the values."""
     if isinstance(field_or_callable, str):
         field = field_or_callable
+        if kind is not str and kind is not int:
+            from .errors import TopologyError
+
+            raise TopologyError(f"key_by({field!r}, kind) takes a field that holds a str or an int",
+                                got_text=repr(kind), hint=f"write key_by({field!r}) or key_by({field!r}, int)")
+        described = f"key_by({field!r})" if kind is str else f"key_by({field!r}, int)"
 
         def by_field(value: Any) -> Any:
             try:
-                return value[field]
+                key = value[field]
             except (KeyError, TypeError, IndexError):
                 raise InvalidKeyError(
-                    f"key_by({field!r}) found no field {field!r} in the record",
+                    f"{described} found no field {field!r} in the record",
                     got=value,
                     hint="check the field name, or pass a function: key_by(lambda v: ...)",
                 ) from None
+            if kind is str or type(key) is int:
+                return key if kind is str else str(key)
+            raise InvalidKeyError(f"{described} found no int in field {field!r}",
+                                  got_text=f"{key!r} of type {type(key).__name__}",
+                                  hint=f"key_by({field!r}) keys by a str field; convert others in a function, "
+                                       f"e.g. key_by(lambda v: str(v[{field!r}]))")
 
-        return KeyExtractor(by_field, f"key_by({field!r})", field)
+        return KeyExtractor(by_field, described, field, kind)
     if callable(field_or_callable):
         name = getattr(field_or_callable, "__qualname__", repr(field_or_callable))
         return KeyExtractor(field_or_callable, f"key_by({name})")

@@ -187,7 +187,12 @@ def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range]
 
 
 def _key_segment(extractor: KeyExtractor, seg: SegmentColumns) -> tuple[list[str | None], list[str | None] | None]:
-    """A stream segment's keys, extracted here; a record whose value cannot be decoded has none."""
+    """A stream segment's keys, extracted here (a field's from the field columns, no value
+    unpickled, when the segment has them); a record whose value cannot be decoded has none."""
+    if extractor.field is not None and seg.fields_schema is not None:
+        columned = seg.key_field(extractor.field, extractor.kind)
+        if columned is not None:
+            return list(columned), None
     try:
         return keys_of(extractor, seg.values)
     except Exception:

@@ -204,10 +204,10 @@ def columnar_fold(monoid: MonoidComputation) -> ColumnarFold | None:
 def _columnar(folder: Folder, extractor: KeyExtractor, seg: SegmentColumns,
               schema: ValueCheck | None) -> ColumnarFold | None:
     """The folder's ``ColumnarFold`` when ``seg`` may be folded from its field columns: the
-    monoid's hooks are ``columnar``, the extractor a ``key_by("field")``, and the segment kept
-    field columns under the schema the reader checks."""
+    monoid's hooks are ``columnar``, the extractor a ``key_by("field")`` of a str field, and the
+    segment kept field columns under the schema the reader checks."""
     plan = folder.columnar
-    if plan is None or extractor.field is None or seg.fields_schema is None:
+    if plan is None or extractor.field is None or extractor.kind is not str or seg.fields_schema is None:
         return None
     if schema is not None and schema.fingerprint != seg.fields_schema:
         return None

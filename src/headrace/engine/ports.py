@@ -90,6 +90,11 @@ class SegmentColumns(Protocol):
         columns and the field holds a ``kind`` (``int`` or ``str``) in every value; else None."""
         ...
 
+    def key_field(self, name: str, kind: type) -> list[str] | None:
+        """Field ``name`` of every value as ``key_by(name, kind)`` keys it (an int as its decimal
+        text), read from the field columns; None when ``field(name, kind)`` would be."""
+        ...
+
     def field_totals(self, key: str, part: str | None, window: int | None,
                      since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
         """Per (field ``key``, end of the record's tumbling ``window``, or END_OF_TIME when None):

@@ -162,14 +162,16 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, should_stop: Callable[[], bool]) -> None:
+    def run(self, should_stop: Callable[[bool], bool]) -> None:
         """Passes while there is work; between them, sleep until a producer it reads commits, its
-        leases need renewing, or one of its wall timers falls due."""
+        leases need renewing, or one of its wall timers falls due. ``should_stop(committed)``:
+        ``committed`` says a commit woke it (a signal to stop is one), so it may look sooner."""
         renew_every = self.lease_ms // 6  # a lease survives five missed renewals; a moved interval waits half a second
         self.store.wait_for_commits(self.channels(), 0)  # told of commits from now on
-        woken = True
+        woken = committed = True
         try:
-            while not should_stop():
+            while not should_stop(committed):
+                committed = False
                 now = self.clock()
                 if now - self._leases_checked >= renew_every and self.maintain_leases():
                     woken = True
@@ -188,7 +190,7 @@ class Worker:
                         continue
                 until = min(self._leases_checked + renew_every, self._wall_due)
                 wait = min(self.idle_s, max(0.0, (until - self.clock()) / 1000))
-                woken = self.store.wait_for_commits(self.channels(), wait)
+                woken = committed = self.store.wait_for_commits(self.channels(), wait)
         finally:
             self.release_all()
 

@@ -29,7 +29,7 @@ kept=""
 old_ifs=$IFS; IFS=:
 for entry in $PYTHONPATH; do
   case "$entry" in
-    {lib}/pyspark.zip|{lib}/py4j-*-src.zip) ;;
+    {zips}) ;;
     *) kept="${{kept:+$kept:}}$entry" ;;
   esac
 done
@@ -58,7 +58,11 @@ def worker_python(master: str) -> str | None:
     if any(".zip" in (m.__file__ or ".zip") for m in (pyspark, py4j)):
         return None
     lib = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib")
-    return _write_launcher(_LAUNCHER.format(python=shlex.quote(sys.executable), lib=shlex.quote(lib)))
+    # Spark names its zips under its own home, which is the real path when the venv is reached
+    # through a symlink (a worktree's link to a shared venv): both spellings are dropped
+    zips = "|".join(f"{shlex.quote(d)}/pyspark.zip|{shlex.quote(d)}/py4j-*-src.zip"
+                    for d in dict.fromkeys([lib, os.path.realpath(lib)]))
+    return _write_launcher(_LAUNCHER.format(python=shlex.quote(sys.executable), zips=zips))
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS segments(
   PRIMARY KEY(stream, producer, batch, shard)){TABLE};
 CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
 CREATE INDEX IF NOT EXISTS segments_by_time ON segments(producer, batch, created_at, count);
+CREATE INDEX IF NOT EXISTS segments_by_stream ON segments(stream, producer);
 CREATE TABLE IF NOT EXISTS batches(
   producer TEXT, batch {INT}, input_watermark {INT} NOT NULL, output_watermark {INT} NOT NULL,
   completed_at {INT} NOT NULL, plan TEXT, plan_since {INT}, PRIMARY KEY(producer, batch)){TABLE};

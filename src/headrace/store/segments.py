@@ -178,8 +178,8 @@ class DecodedSegment:
     def values_at(self, rows: Sequence[int]) -> list[Any]:
         if self._values is not None:
             return [self._values[i] for i in rows]
-        column = self._table.column("value")
-        return [pickle.loads(column[i].as_py()) for i in rows]
+        raw = self._table.column("value").take(pa.array(rows, pa.int64())).to_pylist()
+        return list(map(pickle.loads, raw))
 
     def field(self, name: str, kind: type) -> list[Any] | None:
         """Field ``name`` of every value, when the writer kept the fields as columns and that field
@@ -190,6 +190,17 @@ class DecodedSegment:
                       if self.fields_schema is not None and is_kind is not None else None)
             self._fields[(name, kind)] = column.to_pylist() if column is not None else None
         return self._fields[(name, kind)]
+
+    def key_field(self, name: str, kind: type) -> list[str] | None:
+        """Field ``name`` of every value as a key (``key_by(name)``: a str field as it is;
+        ``key_by(name, int)``: an int field's decimal text, converted in Arrow), when the writer kept
+        the fields as columns and the field holds a ``kind`` in every value; else None."""
+        if kind is str:
+            return self.field(name, str)
+        if kind is not int or self.fields_schema is None:
+            return None
+        column = _field_column(self._table.column(FIELDS).combine_chunks(), name, _KINDS[int])
+        return pc.cast(column, pa.string()).to_pylist() if column is not None else None
 
     def field_totals(self, key: str, part: str | None, window: int | None,
                      since: int) -> dict[tuple[str, int], tuple[int, int]] | None:

@@ -196,3 +196,47 @@ def test_interval_0_rejects_bad_input_once_beside_its_own_records(store: Store) 
     publish(store, 1, [{"user": "a", "n": 1}, {"nobody": 2}], plan_for(c))
     records, rejected = take(store, c)
     assert [r.key for r in records[0]] == ["a"] and [r.id for r in rejected] == ["inject:events:1:1"]
+
+
+def test_a_field_key_of_a_typed_stream_is_read_from_its_columns_unpickling_only_what_is_taken(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headrace.schema import StreamSchema
+    from headrace.store import segments
+
+    values = [{"user": f"u{i % 7}", "n": i * 7919 - 500} for i in range(40)]
+    publish_injected(store, PRODUCER, 1, STREAM, [(v, 100 + i, None) for i, v in enumerate(values)], 100, None,
+                     StreamSchema("user STRING, n BIGINT"), EMPTY_PLAN, 1)  # not routed: keyed by the reader
+    loads: list[bytes] = []
+
+    def counted(raw: bytes) -> Any:
+        loads.append(raw)
+        return pickle.loads(raw)
+
+    monkeypatch.setattr(segments, "pickle", type("P", (), {"loads": staticmethod(counted),
+                                                           "dumps": staticmethod(pickle.dumps)}))
+    for extractor, key_of in ((key_by("user"), lambda v: v["user"]), (key_by("n", int), lambda v: str(v["n"]))):
+        loads.clear()
+        c = consumer(extractor=extractor)
+        mine, _ = take(store, c, shards={1})
+        want = [v for v in values if shard_of(key_of(v), 4) == 1]
+        assert want and [(r.key, r.value) for r in mine[1]] == [(key_of(v), v) for v in want]
+        assert len(loads) == len(want)  # the keys came from the field columns: only interval 1's values unpickled
+        every, _ = take(store, c)
+        assert every == take(store, consumer(extractor=key_by(key_of)))[0]  # as a function keys them
+
+
+def test_key_by_an_int_field_keys_by_its_decimal_text_and_refuses_what_is_not_an_int() -> None:
+    from headrace.errors import InvalidKeyError, TopologyError
+
+    extractor = key_by("n", int)
+    assert extractor({"n": -42}) == "-42" and extractor.many([{"n": 1}, {"n": 20}]) == ["1", "20"]
+    assert extractor.fingerprint != key_by("n").fingerprint
+    assert extractor.many([{"n": True}]) is None and extractor.many([{"n": "7"}]) is None
+    with pytest.raises(InvalidKeyError, match=re.escape(
+            "key_by('n', int) found no int in field 'n' (got '7' of type str). Hint: key_by('n') keys by a str "
+            "field; convert others in a function, e.g. key_by(lambda v: str(v['n']))")):
+        extractor({"n": "7"})
+    with pytest.raises(TopologyError, match=re.escape(
+            "key_by('n', kind) takes a field that holds a str or an int (got <class 'float'>). Hint: write "
+            "key_by('n') or key_by('n', int)")):
+        key_by("n", float)

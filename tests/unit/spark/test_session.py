@@ -93,3 +93,18 @@ def test_the_ui_of_a_local_session_binds_to_loopback_unless_the_user_chose(
     else:
         monkeypatch.setenv("SPARK_LOCAL_IP", own)
     assert session.ui_bind_address(master) == expected
+
+
+def test_the_launcher_drops_the_zips_named_by_their_real_path_too(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A venv reached through a symlink (a worktree's link to a shared one): Spark's home, and so
+    the paths of the zips it puts on PYTHONPATH, are the real ones."""
+    link = tmp_path / "linked-pyspark"
+    link.symlink_to(os.path.dirname(os.path.realpath(pyspark.__file__)))
+    monkeypatch.setattr(pyspark, "__file__", str(link / "__init__.py"))
+    monkeypatch.setattr(session, "_launcher_path", None)
+    launcher = worker_python("local[2]")
+    assert launcher is not None
+    real = [os.path.realpath(z) for z in SPARK_ZIPS]
+    linked = [os.path.join(link, "python", "lib", os.path.basename(z)) for z in SPARK_ZIPS]
+    path, _ = run_launcher(launcher, ":".join([*real, *linked, "/opt/kept"]))
+    assert path == "/opt/kept"

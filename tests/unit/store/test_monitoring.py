@@ -61,6 +61,19 @@ def test_samples_are_kept_in_order_and_trimmed(store: Any) -> None:
     assert [s.at for s in store.samples(0)] == [3]
 
 
+def segment_reads(store: Any, reads: Any) -> list[tuple[str, str]]:
+    """Each statement on the segments table that ``reads()`` runs (which must answer True), with
+    SQLite's query plan for it."""
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)  # each statement as run, its values filled in
+    try:
+        assert reads()
+    finally:
+        store._db.set_trace_callback(None)
+    return [(sql, " ".join(str(row[-1]) for row in store._db.execute(f"EXPLAIN QUERY PLAN {sql}")))
+            for sql in statements if "FROM segments" in sql]
+
+
 def test_on_sqlite_the_monitors_counts_read_an_index_not_the_segments(tmp_path: Any) -> None:
     """SQLite keeps a row's columns in order: a count of recent records read from the table walks
     every segment's whole ``data`` blob to reach ``created_at`` (67 ms a status round over a 54 MB
@@ -70,14 +83,27 @@ def test_on_sqlite_the_monitors_counts_read_an_index_not_the_segments(tmp_path: 
     store = SQLiteStore(str(tmp_path / "store.db"))
     try:
         publish(store, "inject:s", 1, 3)
-        statements: list[str] = []
-        store._db.set_trace_callback(statements.append)  # each statement as run, its values filled in
-        assert store.records_of(["inject:s"]) == 3 and store.records_of(["inject:s"], since_ms=0) == 3
-        store._db.set_trace_callback(None)
-        counts = [sql for sql in statements if "FROM segments" in sql]
-        assert len(counts) == 2, statements
-        for sql in counts:
-            plan = " ".join(str(row[-1]) for row in store._db.execute(f"EXPLAIN QUERY PLAN {sql}"))
+        counts = segment_reads(store, lambda: store.records_of(["inject:s"]) == 3
+                               and store.records_of(["inject:s"], since_ms=0) == 3)
+        assert len(counts) == 2, counts
+        for sql, plan in counts:
             assert "USING COVERING INDEX segments_by_time" in plan, (sql, plan)
+    finally:
+        store.close()
+
+
+def test_on_sqlite_the_producers_of_a_stream_are_read_from_an_index_not_the_segments(tmp_path: Any) -> None:
+    """A seek in the segments table (no rowid: its rows are its primary key's b-tree) loads a
+    row's whole payload, its ``data`` included: each continuous worker asks for its streams'
+    producers once a second, and the streams are answered from a covering index."""
+    from headrace.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(str(tmp_path / "store.db"))
+    try:
+        publish(store, "inject:s", 1, 3)
+        reads = segment_reads(store, lambda: store.stream_producers("s") == ["inject:s"] and "s" in store.streams())
+        assert len(reads) == 2, reads
+        for sql, plan in reads:
+            assert "segments USING COVERING INDEX segments_by_stream" in plan, (sql, plan)
     finally:
         store.close()
