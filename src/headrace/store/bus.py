@@ -202,15 +202,15 @@ class BusQueries(Connection):
         if not ranges:
             return
         table, param = self._ranges(list(ranges))
-        sql = (f"SELECT r.producer, r.batch, r.stream, r.dest, r.data FROM {table} JOIN routes r ON r.consumer = ? "
-               "AND r.producer = p AND r.batch > lo AND r.batch <= hi")
+        condition = "r.consumer = ? AND r.producer = p AND r.batch > lo AND r.batch <= hi"
         params: list[Any] = [param, consumer]
         if dests is not None:
-            condition, dests_param = self._in_list("r.dest", sorted(set(dests)))
-            sql += f" AND {condition}"
+            dest_in, dests_param = self._in_list("r.dest", sorted(set(dests)))
+            condition += f" AND {dest_in}"
             params.append(dests_param)
-        for producer, batch, stream, dest, data in self._all(sql + " ORDER BY r.producer, r.batch, r.slot, r.stream, "
-                                                                   "r.dest", params):
+        sql = (f"SELECT r.producer, r.batch, r.stream, r.dest, r.data FROM {self._per_range(table, 'routes r', condition)}"
+               " ORDER BY r.producer, r.batch, r.slot, r.stream, r.dest")
+        for producer, batch, stream, dest, data in self._all(sql, params):
             yield RoutedSegment(str(producer), int(batch), str(stream), int(dest), segment_columns(data))
 
     def read_segments(self, stream: str, producer: str, after_batch: int,

@@ -56,6 +56,12 @@ class Connection:
         """A FROM item with one row ``(p, lo, hi)`` per range, and its one parameter."""
         raise NotImplementedError
 
+    def _per_range(self, ranges: str, rows: str, condition: str) -> str:
+        """A FROM item: ``ranges`` (``_ranges``' FROM item) joined to ``rows`` (a table and its
+        alias) on ``condition``, which names ``p``, ``lo`` and ``hi``: looked up range by range
+        through an index where the planner would otherwise scan every row of ``rows``."""
+        return f"{ranges} JOIN {rows} ON {condition}"
+
     def _lock_producer(self, producer: str) -> None:
         """Serialize journal writes of one producer (no-op where BEGIN_WRITE already locks the database)."""
 

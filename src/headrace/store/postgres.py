@@ -118,7 +118,9 @@ class PostgresStore(SQLStore):
         return self._db.execute(self._translate(sql), params)
 
     def _xmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        if rows:
+        if len(rows) == 1:  # executemany's pipeline costs a round trip of its own: 130 µs instead of 80
+            self._x(sql, rows[0])
+        elif rows:
             with self._db.cursor() as cur:
                 cur.executemany(self._translate(sql), rows)
 
@@ -145,6 +147,14 @@ class PostgresStore(SQLStore):
     def _ranges(self, ranges: list[tuple[str, int, int]]) -> tuple[str, Any]:
         return ("jsonb_to_recordset(?::jsonb) AS v(p text, lo bigint, hi bigint)",
                 json.dumps([{"p": p, "lo": lo, "hi": hi} for p, lo, hi in ranges]))
+
+    def _per_range(self, ranges: str, rows: str, condition: str) -> str:
+        # a lateral subquery the planner may not flatten (OFFSET 0): an index lookup per range. A
+        # plain join is planned as a hash join over every row of the table that matches the
+        # condition's constant part (jsonb_to_recordset is estimated at 100 rows, fresh tables at a
+        # few): a worker's read of its routed segments took 2-6 ms, growing with the routes kept
+        alias = rows.split()[-1]
+        return f"{ranges} CROSS JOIN LATERAL (SELECT * FROM {rows} WHERE {condition} OFFSET 0) {alias}"
 
     def _on_notify(self, _: Any) -> None:
         self._woken = True
