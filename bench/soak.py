@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
-import importlib.util
 import multiprocessing
 import os
 import queue
@@ -47,7 +46,7 @@ from typing import Any, Callable
 from pyspark import cloudpickle
 import pipeline_latency
 from pipeline_latency import INJECTOR, STAGES, Observed, lag_of, pct, peak_rss_of_descendants, producer_batch, \
-    stage_class
+    stage_class, start_postgres
 
 from headrace import Topology, injectors, key_by, run
 from headrace.model import END_OF_TIME
@@ -349,16 +348,6 @@ class SamplerProcess:
         return self.totals
 
 
-def start_postgres() -> tuple[Any, str]:
-    spec = importlib.util.spec_from_file_location(
-        "postgres_server", os.path.join(os.path.dirname(__file__), "..", "tests", "postgres_server.py"))
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    server = module.PostgresServer().start()
-    return server, server.new_database()
-
-
 def print_row(row: dict[str, Any]) -> None:
     hops = "  ".join(f"{row[f'{h} p50']:6.1f}/{row[f'{h} p99']:7.1f}" for h in HOPS)
     print(f"{row['minute']:>5}{'*' if row['partial'] else ' '} {row['store_mb']:>9.1f} {row['wal_mb']:>7.1f}  {hops}  {row['lag p50']:7.0f}/{row['lag max']:7.0f} "
@@ -444,7 +433,8 @@ def main() -> None:
     elif args.store_url:
         url = args.store_url
     else:
-        server, url = start_postgres()
+        server = start_postgres(None)
+        url = server.new_database()
     count, t0 = int(args.rate * minutes * 60), int(time.time() * 1000)
     outputs = OutputFile(os.path.join(folder, "counts.txt"))
     reference = min(5, max(1, minutes // 4))
