@@ -134,6 +134,15 @@ class PostgresStore(SQLStore):
     def _in_transaction(self) -> bool:
         return self._db.info.transaction_status != self._idle
 
+    def _reclaim(self) -> None:
+        """VACUUM the bus's tables after a trim, so the next writes reuse the space its deletes
+        freed. Autovacuum visits a database once a minute and a table once a fifth of it is dead,
+        so a bus whose replay window is a minute otherwise carries up to a window of dead rows and
+        their TOAST beside the live ones (the 20-minute soak's database: 1.16x of minute five). A
+        plain VACUUM blocks no writer; SKIP_LOCKED passes a table another vacuum holds."""
+        if not self._in_transaction():  # VACUUM cannot run inside a transaction block
+            self._x("VACUUM (SKIP_LOCKED) segments, routes, batches")
+
     def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
         if values and all(isinstance(v, int) for v in values):
             # psycopg sends small ints as integer[]; bigint = ANY(integer[]) cannot be hashed, so a filter
