@@ -8,11 +8,8 @@ import os
 from typing import Any
 
 from headrace.engine.publish import publish_injected
-from headrace.names import CONTINUOUS
-from headrace.plans import producers_of, routing_plan
-from headrace.store import open_store
 
-from .test_retention import WINDOW, Clock, readers, topology, worker
+from .test_retention import WINDOW, Clock, open_bus, readers, worker
 
 BUS_TABLES = ("segments", "routes")
 
@@ -30,16 +27,8 @@ def bus_bytes(store: Any) -> int:
 
 
 def test_the_trim_vacuums_so_the_next_window_of_writes_reuses_the_space(postgres_server: Any) -> None:
-    clock = Clock()
-    store = open_store(postgres_server.new_database(), clock=clock)
+    store, t, plan, clock = open_bus(postgres_server.new_database())
     try:
-        t = topology()
-        for spec in t.computations.values():
-            store.register(spec.name, spec.options.shards, CONTINUOUS)
-        for s in sorted(t.streams()):
-            store.declare_stream(s, *producers_of(t, s, CONTINUOUS))
-        plan = routing_plan(t, frozenset({"events"}))
-        store.register_plan(plan.id, plan.routes)
         for table in BUS_TABLES:
             store._x(f"ALTER TABLE {table} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
         fast, slow = worker(store, t, "Fast", clock), worker(store, t, "Slow", clock)

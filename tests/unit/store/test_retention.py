@@ -56,8 +56,8 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def bus(store_url: str) -> Any:
+def open_bus(store_url: str) -> tuple[Any, Topology, Any, Clock]:
+    """A store with the topology's computations registered and its bus declared and routed."""
     clock = Clock()
     store = open_store(store_url, clock=clock)
     t = topology()
@@ -67,8 +67,14 @@ def bus(store_url: str) -> Any:
         store.declare_stream(s, *producers_of(t, s, CONTINUOUS))
     plan = routing_plan(t, frozenset({"events"}))
     store.register_plan(plan.id, plan.routes)
-    yield store, t, plan, clock
-    store.close()
+    return store, t, plan, clock
+
+
+@pytest.fixture
+def bus(store_url: str) -> Any:
+    opened = open_bus(store_url)
+    yield opened
+    opened[0].close()
 
 
 def publish(store: Any, plan: Any, batch: int, clock: Clock) -> None:
