@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import eq
 from typing import Any, Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import END_OF_TIME, ComputationOptions, KeyExtractor
 from ..names import parse_producer
-from .batch import CheckedRecord, InputRecord, shard_of, shards_of
+from .batch import CheckedRecord, InputRecord, rows_by_shard, shard_of, shards_of
 from .monoid import Folder, columnar_parts, columnar_totals
 from .ports import Fence, Head, IntervalStore, SegmentColumns
 from .routing import keys_of
@@ -232,7 +230,7 @@ def select(consumer: Consumer, items: Iterable[Keyed], shards: Container[int] | 
             if left is not None:
                 yield Selected(k, left, [])
                 continue
-        rows = _rows_by_shard(k.shards, shards)
+        rows = rows_by_shard(k.shards, shards)
         rejected: list[int] = []
         if None in k.keys:
             missing = [i for i, key in enumerate(k.keys)
@@ -292,7 +290,7 @@ def _fold_fields(consumer: Consumer, k: Keyed, shards: Container[int] | None,
         return None
     keys, parts = columns
     out: dict[int, list[int]] = {}
-    for shard, rows in _rows_by_shard(k.shards, shards).items():
+    for shard, rows in rows_by_shard(k.shards, shards).items():
         late = folder_of(shard).add_columns(keys, parts, k.seg.timestamps, rows)  # type: ignore[union-attr]
         if late:
             out[shard] = late
@@ -429,17 +427,6 @@ def _unreadable(name: str, stream: str, producer: str, where: str, exc: Exceptio
         got_text=_cause(exc),
         hint=MISSING_MODULE_HINT if isinstance(exc, ImportError) else
         "a value this worker cannot unpickle: install on the workers the modules its classes come from")
-
-
-def _rows_by_shard(sids: Sequence[int | None], shards: Container[int] | None) -> dict[int, list[int]]:
-    """The rows of each interval (of ``shards``), in order: a C-speed pass per interval when few."""
-    if shards is not None and isinstance(shards, (set, frozenset)) and len(shards) <= 8:
-        return {s: rows for s in shards if (rows := list(compress(range(len(sids)), map(eq, sids, repeat(s)))))}
-    out: dict[int, list[int]] = {}
-    for i, s in enumerate(sids):
-        if s is not None and (shards is None or s in shards):
-            out.setdefault(s, []).append(i)
-    return out
 
 
 def _taken(fences: tuple[Fence, ...], key: str, producer: str, batch: int) -> bool:

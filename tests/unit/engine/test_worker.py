@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from headrace import Computation, Topology, injectors, key_by
 from headrace.engine.batch import Production
 from headrace.names import id_prefix
-from headrace.engine.intake import _rows_by_shard
+from headrace.engine.batch import rows_by_shard
 from headrace.engine.worker import Worker
 from headrace.names import interval as interval_producer
 from headrace.model import END_OF_TIME
@@ -231,5 +231,5 @@ def test_a_segments_rows_go_to_the_owned_shards_in_order_however_many_it_owns(si
                                                                              owned: set[int]) -> None:
     """A worker routes a segment's rows a pass per shard when it owns up to 8, in one pass beyond:
     either way each owned shard gets exactly its rows, in order (None: a rejected record)."""
-    got = {s: rows for s, rows in _rows_by_shard(sids, owned).items() if rows}
+    got = {s: rows for s, rows in rows_by_shard(sids, owned).items() if rows}
     assert got == {s: [i for i, x in enumerate(sids) if x == s] for s in owned if s in sids}
