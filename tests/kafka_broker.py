@@ -140,6 +140,11 @@ class KafkaBroker:
 
 
 def _cluster_id() -> str:
+    """A random KRaft cluster id; never one that starts with '-', which StorageTool's argument
+    parser takes for an option (1 in 64 of them: a failed CI run on 2026-11-27)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
