@@ -62,15 +62,16 @@ def probe_hops(url: str, log_dir: str, warm: int) -> list[dict[str, float]]:
     seen = read_sightings(log_dir)
     store = open_store(url)
     try:
+        journals: dict[str, dict[int, float]] = {}  # producer -> batch -> completed_at, each read once
         out: list[dict[str, float]] = []
-        probes = sorted(n for n, _ in seen["First"].values() if n >= warm)
-        for n in probes:
+        for n in sorted(n for n, _ in seen["First"].values() if n >= warm):
             hops: dict[str, float] = {}
             for hop, stage in HOPS:
                 rid, at = next((rid, at) for rid, (m, at) in seen[stage].items() if m == n)
                 producer, batch = producer_batch(rid, "continuous")
-                committed = next(b.completed_at for b in store.batches(producer) if b.batch == batch)
-                hops[hop] = at - committed
+                if producer not in journals:
+                    journals[producer] = {b.batch: b.completed_at for b in store.batches(producer)}
+                hops[hop] = at - journals[producer][batch]
             out.append(hops)
         return out
     finally:
@@ -109,7 +110,7 @@ def main() -> None:
                 print(f"{store:<11} {k:>5} " + " ".join(f"{hops[hop]:>17.1f}" for hop, _ in HOPS), flush=True)
             worst[store] = max(v for hops in measured for v in hops.values())
     finally:
-        if server is not None and not args.store_url:
+        if server is not None:
             server.stop()
         spark.stop()
     for store, ms in worst.items():

@@ -144,17 +144,18 @@ class Sampler:
     def sample(self, now_ms: float) -> None:
         seen = self.new_sightings()
         wanted = {producer_batch(rid, "continuous")[0] for _, rid, _ in seen}
-        completed = {(p, b.batch): b.completed_at for p in wanted for b in self.store.batches(p)}
+        journals = {p: self.store.batches(p) for p in wanted | {INJECTOR, STAGES[-1]}}  # each read once
+        completed = {(p, b.batch): b.completed_at for p in wanted for b in journals[p]}
         for stage, rid, at in seen:
             committed = completed.get(producer_batch(rid, "continuous"))
             if committed is None:
                 self.unresolved += 1  # its batch was trimmed already (or a weak attempt's): not measured
                 continue
             self.hops[HOPS[STAGES.index(stage)]].append(at - committed)
-        marks = [(b.output_watermark, b.completed_at) for b in self.store.batches(INJECTOR)
+        marks = [(b.output_watermark, b.completed_at) for b in journals[INJECTOR]
                  if self.cut <= b.completed_at < now_ms - LAG_GRACE_MS and b.output_watermark < END_OF_TIME]
         if marks:
-            lags = lag_of(marks, [self.store.batches(STAGES[-1])])
+            lags = lag_of(marks, [journals[STAGES[-1]]])
             self.lags += lags
             self.late += len(marks) - len(lags)
             self.cut = max(t for _, t in marks) + 1

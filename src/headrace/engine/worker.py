@@ -73,6 +73,7 @@ class Worker:
         self.state_cache = StateCache()  # hot keys' state of the intervals it holds (engine/statecache.py)
         self.started = clock()
         self._leases_checked = 0
+        self.woken_by_commit = False  # whether a commit ended the last wait of ``run``
         self._free_checked: int | None = None
         self._wall_due: int | None = None  # its intervals' next wall timer (None: look it up)
         self._discovered = 0
@@ -162,16 +163,16 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, should_stop: Callable[[bool], bool]) -> None:
+    def run(self, should_stop: Callable[[], bool]) -> None:
         """Passes while there is work; between them, sleep until a producer it reads commits, its
-        leases need renewing, or one of its wall timers falls due. ``should_stop(committed)``:
-        ``committed`` says a commit woke it (a signal to stop is one), so it may look sooner."""
+        leases need renewing, or one of its wall timers falls due. ``woken_by_commit`` tells
+        ``should_stop`` whether a commit woke it (a signal to stop is one), so it may look sooner."""
         renew_every = self.lease_ms // 6  # a lease survives five missed renewals; a moved interval waits half a second
         self.store.wait_for_commits(self.channels(), 0)  # told of commits from now on
-        woken = committed = True
+        woken = self.woken_by_commit = True
         try:
-            while not should_stop(committed):
-                committed = False
+            while not should_stop():
+                self.woken_by_commit = False
                 now = self.clock()
                 if now - self._leases_checked >= renew_every and self.maintain_leases():
                     woken = True
@@ -190,7 +191,7 @@ class Worker:
                         continue
                 until = min(self._leases_checked + renew_every, self._wall_due)
                 wait = min(self.idle_s, max(0.0, (until - self.clock()) / 1000))
-                woken = committed = self.store.wait_for_commits(self.channels(), wait)
+                woken = self.woken_by_commit = self.store.wait_for_commits(self.channels(), wait)
         finally:
             self.release_all()
 

@@ -63,9 +63,9 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str,
         checked = {"at": 0.0, "stop": False}
         parent = os.getppid()
 
-        def should_stop(committed: bool) -> bool:
+        def should_stop() -> bool:
             now = time.monotonic()
-            if now - checked["at"] > (STOP_CHECK_WOKEN_S if committed else STOP_CHECK_S):
+            if now - checked["at"] > (STOP_CHECK_WOKEN_S if worker.woken_by_commit else STOP_CHECK_S):
                 # the driver asked, a newer driver of the topology took over, or the executor that
                 # started this process is gone (a worker loop never talks to it, so it would not
                 # notice otherwise and would renew its leases forever)
@@ -86,8 +86,8 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str,
             reported["at"] = now
 
         try:
-            Worker(store, plans, owner, index, slots, lease_ms=lease_ms, on_fenced=fenced,
-                   on_load=load).run(should_stop)
+            worker = Worker(store, plans, owner, index, slots, lease_ms=lease_ms, on_fenced=fenced, on_load=load)
+            worker.run(should_stop)
         finally:
             store.close()
         yield owner
