@@ -12,8 +12,8 @@ counts must equal the oracle: the generator's input is deterministic (record ``n
 ``u{n % 997}`` and event time ``t0 + n * 1000 // rate``), so the counts per (user, window) are known.
 The run passes ``run(retention_ms=--retention-s * 1000)``: the driver trims the bus every 10 s.
 
-Every 10 s a sampler, in a process of its own (not the driver's, whose interpreter runs the injector),
-reads the stages' sighting logs and the journal (per-hop delivery latency, as
+Every 2 s a sampler, in a process of its own (not the driver's, whose interpreter runs the injector),
+reads the stages' sighting logs and the journal rows written since its last sample (per-hop delivery latency, as
 ``pipeline_latency.py`` measures it: from the ``completed_at`` of the batch that holds a record to
 the consumer's user code) and the watermark lag of Third (an injector batch's publish to the
 authority's ``Third`` journal reaching its watermark; marks not reached 10 s after publish are

@@ -3,6 +3,7 @@ runs in a process of its own and sends the soak a row a minute."""
 
 from __future__ import annotations
 
+import collections
 import glob
 import multiprocessing
 import os
@@ -18,7 +19,8 @@ from headrace.model import END_OF_TIME
 from headrace.store import open_store
 
 HOPS = [f"{'inject' if k == 0 else STAGES[k - 1]}→{s}" for k, s in enumerate(STAGES)]
-SAMPLE_S = 10.0
+SAMPLE_S = 2.0
+KEEP_JOURNAL_MS = 120_000  # a sighting comes well within this of its batch's commit
 LAG_GRACE_MS = 10_000
 
 
@@ -90,7 +92,7 @@ class Sampler:
     """Every ``SAMPLE_S``: new sightings and injector marks, resolved against the journal before
     the replay window trims it; every minute one row of the table.
 
-    It runs in a process of its own (``SamplerProcess``), not in the driver: parsing 10 s of
+    It runs in a process of its own (``SamplerProcess``), not in the driver: parsing a sample's
     sightings and the journal holds a Python interpreter's lock while it runs, and the
     driver's interpreter is the one that runs the injector, so a sampler thread there delays the
     publishes it measures (the first hop, and only that hop, whose producer is in the driver)."""
@@ -100,7 +102,11 @@ class Sampler:
         self.url, self.log_dir, self.on_row, self.driver_pid = url, log_dir, on_row, driver_pid
         self.store, self.size = open_store(url), Store(url)
         self.offsets: dict[str, int] = {}
-        self.cut = 0  # injector batches published before this were measured for lag
+        self.read_upto: dict[str, int] = {}  # per producer, the last journal row read
+        self.completed: dict[tuple[str, int], int] = {}  # (producer, batch) -> completed_at, of the rows kept
+        self.kept: collections.deque[tuple[int, tuple[str, int]]] = collections.deque()
+        self.marks: list[tuple[int, int]] = []  # injector watermarks and their publish times, not yet measured
+        self.last_stage: collections.deque[Any] = collections.deque()  # the last stage's journal rows kept
         self.done, self.minute = done, 0
         self.started = time.time()
         self.unresolved = 0
@@ -141,24 +147,40 @@ class Sampler:
                     out.append((stage, parts[0], float(parts[2])))
         return out
 
+    def read_journals(self, producers: set[str], now_ms: float) -> None:
+        """The journal rows each producer wrote since the last sample (each row is read once: a
+        sampler that re-read whole journals took a quarter of a core-second every sample, in a
+        burst that showed in the latencies it measured), kept for ``KEEP_JOURNAL_MS``."""
+        for producer in sorted(producers | set(self.read_upto)):
+            for b in self.store.batches(producer, after=self.read_upto.get(producer, 0)):
+                self.completed[(producer, b.batch)] = b.completed_at
+                self.kept.append((b.completed_at, (producer, b.batch)))
+                self.read_upto[producer] = b.batch
+                if producer == INJECTOR and b.output_watermark < END_OF_TIME:
+                    self.marks.append((b.output_watermark, b.completed_at))
+                elif producer == STAGES[-1]:
+                    self.last_stage.append(b)
+        while self.kept and self.kept[0][0] < now_ms - KEEP_JOURNAL_MS:
+            self.completed.pop(self.kept.popleft()[1], None)
+        while self.last_stage and self.last_stage[0].completed_at < now_ms - KEEP_JOURNAL_MS:
+            self.last_stage.popleft()
+
     def sample(self, now_ms: float) -> None:
         seen = self.new_sightings()
-        wanted = {producer_batch(rid, "continuous")[0] for _, rid, _ in seen}
-        journals = {p: self.store.batches(p) for p in wanted | {INJECTOR, STAGES[-1]}}  # each read once
-        completed = {(p, b.batch): b.completed_at for p in wanted for b in journals[p]}
+        self.read_journals({producer_batch(rid, "continuous")[0] for _, rid, _ in seen} | {INJECTOR, STAGES[-1]},
+                           min(now_ms, time.time() * 1000))
         for stage, rid, at in seen:
-            committed = completed.get(producer_batch(rid, "continuous"))
+            committed = self.completed.get(producer_batch(rid, "continuous"))
             if committed is None:
                 self.unresolved += 1  # its batch was trimmed already (or a weak attempt's): not measured
                 continue
             self.hops[HOPS[STAGES.index(stage)]].append(at - committed)
-        marks = [(b.output_watermark, b.completed_at) for b in journals[INJECTOR]
-                 if self.cut <= b.completed_at < now_ms - LAG_GRACE_MS and b.output_watermark < END_OF_TIME]
+        marks = [m for m in self.marks if m[1] < now_ms - LAG_GRACE_MS]
         if marks:
-            lags = lag_of(marks, [journals[STAGES[-1]]])
+            self.marks = [m for m in self.marks if m[1] >= now_ms - LAG_GRACE_MS]
+            lags = lag_of(marks, [list(self.last_stage)])
             self.lags += lags
             self.late += len(marks) - len(lags)
-            self.cut = max(t for _, t in marks) + 1
 
     def row(self, partial: bool = False) -> None:
         self.minute += 1

@@ -5,7 +5,7 @@ of keyed delivery, one per consumer interval (``engine/routing.py``)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from ..engine.batch import Production, Routed, Routing
 from ..engine.ports import BatchInfo, Head, RoutedSegment, SegmentColumns, StoredRecord
@@ -14,9 +14,16 @@ from ..schema import StreamSchema
 from .connection import Connection
 from .segments import DEFAULT_SEGMENT_LIMIT, PIECE_SLOT, pieces, routed_table, segment_columns, segment_table
 
-__all__ = ["BusQueries", "BATCH_COLUMNS"]
+__all__ = ["BusQueries", "BATCH_COLUMNS", "EncodedSegments"]
 
 BATCH_COLUMNS = "producer, batch, input_watermark, output_watermark, completed_at"
+
+
+class EncodedSegments(NamedTuple):
+    """A batch's rows of ``segments`` and ``routes``, encoded and ready to insert."""
+
+    segments: list[tuple[Any, ...]]
+    routes: list[tuple[Any, ...]]
 
 
 class BusQueries(Connection):
@@ -159,6 +166,7 @@ class BusQueries(Connection):
         Publishing a batch that is already journaled does nothing, so an injector that crashed and
         replays from its last checkpoint never doubles a batch.
         """
+        encoded = self._encode_segments(producer, batch, 0, records, schemas or {}, routing)
         with self._transaction():
             self._lock_producer(producer)
             if self._one("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)):
@@ -167,33 +175,34 @@ class BusQueries(Connection):
             if prev is not None and prev.batch >= batch:
                 raise StaleBatchError(f"Injector {producer!r} is at batch {prev.batch}, past {batch}", got=batch,
                                       hint="resume from the checkpoint the store returns")
-            self._write_segments(producer, batch, 0, records, schemas or {}, routing)
-            wm = max(watermark, prev.output_watermark) if prev else watermark
-            self._journal(producer, batch, wm, wm, routing)
+            self._insert_segments(encoded)
             self._x("INSERT INTO checkpoints VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET position = excluded.position",
                     (producer, checkpoint))
+            wm = max(watermark, prev.output_watermark) if prev else watermark
+            self._journal(producer, batch, wm, wm, routing)  # last: its completed_at is the nearest to the commit
 
-    def _write_segments(self, producer: str, batch: int, slot: int, records: Mapping[str, Sequence[Production]],
-                        schemas: Mapping[str, StreamSchema], routing: Routing | None) -> None:
-        """Each stream's segment, and the routed segments of ``routing`` (rows index each stream's records)."""
+    def _encode_segments(self, producer: str, batch: int, slot: int, records: Mapping[str, Sequence[Production]],
+                         schemas: Mapping[str, StreamSchema], routing: Routing | None) -> EncodedSegments:
+        """Each stream's segment, and the routed segments of ``routing`` (rows index each stream's
+        records), encoded before the transaction that inserts them (``_insert_segments``): pickling
+        and Arrow's encoding take most of a small batch's writing, and SQLite's one write lock (a
+        PostgreSQL writer's row locks) would be held meanwhile, stalling every other writer."""
         now, limit = self.now(), self.segment_limit
         tables = {stream: segment_table(ps, schemas.get(stream)) for stream, ps in records.items() if ps}
+        segments = [(stream, producer, batch, slot + i * PIECE_SLOT, n, data, now) for stream, t in tables.items()
+                    for i, (n, data) in enumerate(pieces(t, limit))]
+        routes = [(r.consumer, r.dest, producer, batch, r.stream, slot + i * PIECE_SLOT, n, data)
+                  for r in (routing.routes if routing is not None else ()) if r.stream in tables
+                  for i, (n, data) in enumerate(pieces(routed_table(tables[r.stream], r.rows, r.keys, r.errors),
+                                                       limit))]
+        return EncodedSegments(segments, routes)
+
+    def _insert_segments(self, encoded: EncodedSegments) -> None:
         self._xmany("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream, producer, batch, shard) "
                     "DO UPDATE SET count = excluded.count, data = excluded.data, created_at = excluded.created_at",
-                    [(stream, producer, batch, slot + i * PIECE_SLOT, n, data, now) for stream, t in tables.items()
-                     for i, (n, data) in enumerate(pieces(t, limit))])
-        if routing is not None and routing.routes:
-            self._put_routes(producer, batch, slot, tables, routing.routes)
-
-    def _put_routes(self, producer: str, batch: int, slot: int, tables: Mapping[str, Any],
-                    routes: Sequence[Routed]) -> None:
-        limit = self.segment_limit
+                    encoded.segments)
         self._xmany("INSERT INTO routes VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(consumer, dest, producer, batch, "
-                    "stream, slot) DO UPDATE SET count = excluded.count, data = excluded.data",
-                    [(r.consumer, r.dest, producer, batch, r.stream, slot + i * PIECE_SLOT, n, data)
-                     for r in routes if r.stream in tables
-                     for i, (n, data) in enumerate(pieces(routed_table(tables[r.stream], r.rows, r.keys, r.errors),
-                                                          limit))])
+                    "stream, slot) DO UPDATE SET count = excluded.count, data = excluded.data", encoded.routes)
 
     def read_routes(self, consumer: str, ranges: Sequence[tuple[str, int, int]],
                     dests: Sequence[int] | None = None) -> Iterator[RoutedSegment]:

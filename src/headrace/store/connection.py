@@ -44,6 +44,10 @@ class Connection:
     def _in_transaction(self) -> bool:
         raise NotImplementedError
 
+    def _begin(self, begin: str) -> None:
+        """Start a transaction with ``begin`` (``BEGIN_WRITE`` or ``BEGIN_READ``)."""
+        self._x(begin)
+
     def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
         """A condition ``column IN values`` and its one parameter."""
         raise NotImplementedError
@@ -115,7 +119,7 @@ class Transaction:
         self.store, self.begin = store, begin
 
     def __enter__(self) -> None:
-        self.store._x(self.begin)
+        self.store._begin(self.begin)
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if kind is None:

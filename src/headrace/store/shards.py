@@ -11,6 +11,7 @@ from ..engine.batch import DueTimer, Production, QuietReport, ShardCommit, Shard
 from ..engine.seen import SeenRange, range_ids
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..names import id_sequence
+from .bus import EncodedSegments
 from .intervals import IntervalQueries
 from .segments import PIECE_SLOT, segment_rows
 
@@ -149,10 +150,11 @@ class ShardQueries(IntervalQueries):
             with self._transaction():
                 self._check_shard_sequencer(c)
                 self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
-                self._write_productions(c, resend=True)
+                self._resend_productions(c)
+        encoded = self._encoded_in_commit(c)
         step("begin")
         with self._transaction():
-            self._write_commit(c)
+            self._write_commit(c, encoded)
             step("before_commit")
         step("after_commit")
         self._write_output_after_state([c])
@@ -163,13 +165,13 @@ class ShardQueries(IntervalQueries):
         finds the batch committed and re-delivers what was written, nothing. ``quiet``: the
         pass's reports, which must not be seen before this output (a crash in between loses them
         too, and the next pass reports again)."""
-        after = [c for c in commits if c.productions_after_state]
+        after = [(c, self._encode_productions(c, c.shard)) for c in commits if c.productions_after_state]
         if not after:
             return
         self._step("output")
         with self._transaction():
-            for c in after:
-                self._write_productions(c)
+            for c, encoded in after:
+                self._insert_segments(encoded)
                 self._journal_interval(c)
             for report in quiet:
                 self.report_quiet(*report)
@@ -185,13 +187,14 @@ class ShardQueries(IntervalQueries):
         writes, so sending weak ones ahead could not make them visible any sooner."""
         failures: list[StoreError | None] = [None] * len(commits)
         counters: dict[tuple[str, str], int] = {}
+        encoded = [self._encoded_in_commit(c) for c in commits]
         self._step("begin")
         with self._transaction():
             # in one order, so that two workers' passes take PostgreSQL's row locks without deadlocking
             for i in sorted(range(len(commits)), key=lambda i: (commits[i].computation, commits[i].shard)):
                 self._x("SAVEPOINT interval_commit")
                 try:
-                    self._write_commit(commits[i], counters=False)
+                    self._write_commit(commits[i], encoded[i], counters=False)
                 except (FencedWriterError, StaleBatchError) as exc:
                     self._x("ROLLBACK TO SAVEPOINT interval_commit")
                     failures[i] = exc
@@ -227,8 +230,9 @@ class ShardQueries(IntervalQueries):
                     " ON CONFLICT(computation, name) DO UPDATE SET value = counters.value + excluded.value",
                     [x for (computation, name), v in rows for x in (computation, name, v)])
 
-    def _write_commit(self, c: ShardCommit, counters: bool = True) -> None:
-        """One batch's writes; ``counters=False``: all but its counters (the caller writes them)."""
+    def _write_commit(self, c: ShardCommit, encoded: EncodedSegments | None, counters: bool = True) -> None:
+        """One batch's writes, with its productions ``encoded`` by ``_encoded_in_commit``;
+        ``counters=False``: all but its counters (the caller writes them)."""
         step = self._step
         step("check_sequencer")
         self._check_shard_sequencer(c)
@@ -264,8 +268,8 @@ class ShardQueries(IntervalQueries):
             self._x("DELETE FROM seen_ranges WHERE computation = ? AND shard = ? AND newest < ?",
                     (c.computation, c.shard, c.forget_ids_before))
         step("productions")
-        if (c.strong_productions or c.journal_as is not None) and not c.productions_after_state:
-            self._write_productions(c)
+        if encoded is not None:
+            self._insert_segments(encoded)
         if counters:
             step("counters")
             self._write_counters({(c.computation, k): v for k, v in c.counters.items()})
@@ -282,21 +286,29 @@ class ShardQueries(IntervalQueries):
         if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
             self._journal(c.journal_as, c.batch, c.input_watermark, c.output_watermark, c.routing)
 
-    def _write_productions(self, c: ShardCommit, resend: bool = False) -> None:
-        """Strong: the batch's segments, in the shard's commit. Weak (``resend``): sent ahead of the
-        commit and never taken back, so every attempt of the batch adds its own segments
-        (slot ``shard + k * WEAK_SLOT``), as MillWheel's weak productions reach consumers before the
-        checkpoint: a retried attempt sends again, and a non-deterministic one sends something else."""
+    def _encoded_in_commit(self, c: ShardCommit) -> EncodedSegments | None:
+        """The productions a commit of ``c`` writes itself (strong ones, and those an interval
+        journals as a producer's batch), encoded ahead of its transaction; None: it writes none."""
+        if (c.strong_productions or c.journal_as is not None) and not c.productions_after_state:
+            return self._encode_productions(c, c.shard)
+        return None
+
+    def _encode_productions(self, c: ShardCommit, slot: int) -> EncodedSegments:
         by_stream: dict[str, list[Production]] = {}
         for p in c.productions:
             by_stream.setdefault(p.stream, []).append(p)
-        slot = c.shard
-        if resend and by_stream:
-            sent = self._one("SELECT COUNT(*) FROM segments WHERE producer = ? AND batch = ? AND shard % ? = ? "
-                             "AND shard < ? AND stream = ?",
-                             (c.producer, c.batch, WEAK_SLOT, c.shard, PIECE_SLOT, min(by_stream)))[0]
-            slot += WEAK_SLOT * int(sent)
-        self._write_segments(c.producer, c.batch, slot, by_stream, {}, c.routing)
+        return self._encode_segments(c.producer, c.batch, slot, by_stream, {}, c.routing)
+
+    def _resend_productions(self, c: ShardCommit) -> None:
+        """Weak productions, sent ahead of the commit and never taken back, so every attempt of the
+        batch adds its own segments (slot ``shard + k * WEAK_SLOT``), as MillWheel's weak
+        productions reach consumers before the checkpoint: a retried attempt sends again, and a
+        non-deterministic one sends something else."""
+        streams = {p.stream for p in c.productions}
+        sent = self._one("SELECT COUNT(*) FROM segments WHERE producer = ? AND batch = ? AND shard % ? = ? "
+                         "AND shard < ? AND stream = ?",
+                         (c.producer, c.batch, WEAK_SLOT, c.shard, PIECE_SLOT, min(streams)))[0]
+        self._insert_segments(self._encode_productions(c, c.shard + WEAK_SLOT * int(sent)))
 
     def _advance_version(self, c: ShardCommit) -> None:
         g = self.GREATEST

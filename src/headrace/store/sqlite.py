@@ -20,6 +20,8 @@ __all__ = ["SQLiteStore"]
 
 WAL_KEEP_BYTES = 16 * 2**20
 RECLAIM_WAIT_MS = 25
+BUSY_TIMEOUT_S = 60
+WRITE_LOCK_RETRY_S = 0.0003
 
 
 class SQLiteStore(SQLStore):
@@ -49,7 +51,7 @@ class SQLiteStore(SQLStore):
         else:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
-        self._db.execute("PRAGMA busy_timeout = 60000")
+        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         if not read_only:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute(f"PRAGMA synchronous = {synchronous}")
@@ -81,6 +83,30 @@ class SQLiteStore(SQLStore):
 
     def _in_transaction(self) -> bool:
         return self._db.in_transaction
+
+    def _begin(self, begin: str) -> None:
+        """``BEGIN IMMEDIATE`` retried every ``WRITE_LOCK_RETRY_S`` while another connection
+        writes, up to ``BUSY_TIMEOUT_S``. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20,
+        25 ms ... between tries, so a writer that lost the lock a few times in a row slept 20 to
+        25 ms after it was free again: the pipeline's tail latency, on a lock held a millisecond
+        at a time. Other statements keep the busy handler (a write outside a transaction, such as
+        a trim's step, yields to the pipeline's transactions this way)."""
+        if begin != self.BEGIN_WRITE:
+            self._db.execute(begin)
+            return
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        self._db.execute("PRAGMA busy_timeout = 0")
+        try:
+            while True:
+                try:
+                    self._db.execute(begin)
+                    return
+                except sqlite3.OperationalError as exc:
+                    if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                        raise
+                time.sleep(WRITE_LOCK_RETRY_S)
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
         return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(values)
@@ -127,7 +153,7 @@ class SQLiteStore(SQLStore):
         except sqlite3.OperationalError:
             pass  # busy: the next trim tries again
         finally:
-            self._db.execute("PRAGMA busy_timeout = 60000")
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
 
     def limit_idle_transactions(self, idle_ms: int) -> None:
         """Nothing to bound: no server holds SQLite's write lock for a client that went silent (a
