@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
-from ..engine.batch import Production, Routed, Routing
+from ..engine.batch import Production, Routing
 from ..engine.ports import BatchInfo, Head, RoutedSegment, SegmentColumns, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError
 from ..schema import StreamSchema
@@ -22,7 +22,7 @@ BATCH_COLUMNS = "producer, batch, input_watermark, output_watermark, completed_a
 class EncodedSegments(NamedTuple):
     """A batch's rows of ``segments`` and ``routes``, encoded and ready to insert."""
 
-    segments: list[tuple[Any, ...]]
+    segments: list[tuple[Any, ...]]  # without ``created_at``, which the insert stamps
     routes: list[tuple[Any, ...]]
 
 
@@ -166,7 +166,7 @@ class BusQueries(Connection):
         Publishing a batch that is already journaled does nothing, so an injector that crashed and
         replays from its last checkpoint never doubles a batch.
         """
-        encoded = self._encode_segments(producer, batch, 0, records, schemas or {}, routing)
+        encoded = self._encode_segments(producer, batch, 0, records, schemas or {}, routing)  # a replay's, wasted
         with self._transaction():
             self._lock_producer(producer)
             if self._one("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)):
@@ -187,9 +187,9 @@ class BusQueries(Connection):
         records), encoded before the transaction that inserts them (``_insert_segments``): pickling
         and Arrow's encoding take most of a small batch's writing, and SQLite's one write lock (a
         PostgreSQL writer's row locks) would be held meanwhile, stalling every other writer."""
-        now, limit = self.now(), self.segment_limit
+        limit = self.segment_limit
         tables = {stream: segment_table(ps, schemas.get(stream)) for stream, ps in records.items() if ps}
-        segments = [(stream, producer, batch, slot + i * PIECE_SLOT, n, data, now) for stream, t in tables.items()
+        segments = [(stream, producer, batch, slot + i * PIECE_SLOT, n, data) for stream, t in tables.items()
                     for i, (n, data) in enumerate(pieces(t, limit))]
         routes = [(r.consumer, r.dest, producer, batch, r.stream, slot + i * PIECE_SLOT, n, data)
                   for r in (routing.routes if routing is not None else ()) if r.stream in tables
@@ -198,9 +198,11 @@ class BusQueries(Connection):
         return EncodedSegments(segments, routes)
 
     def _insert_segments(self, encoded: EncodedSegments) -> None:
+        """Inside the transaction; stamps ``created_at`` (what retention's window counts from) there."""
+        now = self.now()
         self._xmany("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream, producer, batch, shard) "
                     "DO UPDATE SET count = excluded.count, data = excluded.data, created_at = excluded.created_at",
-                    encoded.segments)
+                    [(*row, now) for row in encoded.segments])
         self._xmany("INSERT INTO routes VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(consumer, dest, producer, batch, "
                     "stream, slot) DO UPDATE SET count = excluded.count, data = excluded.data", encoded.routes)
 

@@ -119,7 +119,12 @@ class Transaction:
         self.store, self.begin = store, begin
 
     def __enter__(self) -> None:
-        self.store._begin(self.begin)
+        try:
+            self.store._begin(self.begin)
+        except BaseException:  # begun, then interrupted (a signal's exception) before ``with`` took over
+            if self.store._in_transaction():
+                self.store._x("ROLLBACK")
+            raise
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if kind is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Mapping, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from ..errors import OptionError
 from ..names import CONTINUOUS, meta
@@ -66,7 +66,21 @@ class RetentionQueries(IntervalQueries):
              now: int) -> Trimmed:
         """Forget what every reader has read: ``readers`` is, per consumer (a computation or
         ``sink:<name>``), the producers of each stream it reads; ``windows`` each stream's replay
-        window in ms (None: keep its segments)."""
+        window in ms (None: keep its segments). A trim that waited a whole busy timeout for the
+        store's write lock (a pipeline's commits keeping it) gives up, and the next one goes on."""
+        try:
+            return self._trim(readers, windows, now)
+        except Exception as exc:
+            if not self._is_busy(exc):
+                raise
+            return Trimmed(0, 0, 0, 0)
+
+    def _is_busy(self, exc: Exception) -> bool:
+        """Whether ``exc`` says the write lock stayed taken for the whole busy timeout."""
+        return False
+
+    def _trim(self, readers: Mapping[str, Mapping[str, Sequence[str]]], windows: Mapping[str, int | None],
+              now: int) -> Trimmed:
         through = {c: self.read_through(c) for c in readers}
         routes = 0
         for consumer, streams in readers.items():
@@ -108,7 +122,7 @@ class RetentionQueries(IntervalQueries):
         self._reclaim()
         return Trimmed(routes, segments, batches, reports, journal)
 
-    def _delete_in_steps(self, rows: str, params: tuple[str, ...], through: int) -> int:
+    def _delete_in_steps(self, rows: str, params: tuple[Any, ...], through: int) -> int:
         """``DELETE FROM <rows> AND batch <= through``, ``TRIM_STEP_BATCHES`` batches per statement,
         each its own transaction: a store with one writer at a time (SQLite) holds the pipeline's
         commits back for one short step, not for the whole trim."""
@@ -135,20 +149,23 @@ class RetentionQueries(IntervalQueries):
         for consumer, streams in readers.items():
             for producer in {p for ps in streams.values() for p in ps}:
                 read[producer] = min(read.get(producer, 1 << 62), through[consumer].get(producer, 0))
-        unneeded = ("completed_at < ? AND batch < (SELECT MAX(batch) FROM batches last WHERE last.producer = "
-                    "batches.producer) AND NOT EXISTS (SELECT 1 FROM segments s WHERE s.producer = batches.producer "
-                    "AND s.batch = batches.batch)")
         gone = 0
-        behind = [(producer, 0, position) for producer, position in sorted(read.items()) if position > 1]
-        if behind:  # one statement for every read producer, however many intervals
-            table, param = self._ranges(behind)
-            gone += int(self._x(f"DELETE FROM batches WHERE EXISTS (SELECT 1 FROM {table} WHERE p = batches.producer "
-                                f"AND batches.batch < hi) AND {unneeded}", (param, before)).rowcount)
-        if read:
-            condition, param = self._in_list("producer", sorted(read))
-            gone += int(self._x(f"DELETE FROM batches WHERE NOT ({condition}) AND {unneeded}", (param, before)).rowcount)
-        else:
-            gone += int(self._x(f"DELETE FROM batches WHERE {unneeded}", (before,)).rowcount)
+        heads = self._all("SELECT producer, MAX(batch) FROM batches GROUP BY producer")
+        for producer, head in sorted((str(p), int(h)) for p, h in heads):
+            upto = head - 1  # a producer's last row stays (consumers and the authority read its head)
+            if producer in read:
+                if read[producer] <= 1:
+                    continue
+                upto = min(upto, read[producer] - 1)
+            old = self._one("SELECT MAX(batch) FROM batches WHERE producer = ? AND batch <= ? AND completed_at < ?",
+                            (producer, upto, before))[0]
+            if old is None:
+                continue
+            # per producer and in steps, as the bus's rows go: one statement over the whole journal
+            # held SQLite's write lock while it scanned every row
+            gone += self._delete_in_steps("batches WHERE producer = ? AND completed_at < ? AND NOT EXISTS "
+                                          "(SELECT 1 FROM segments s WHERE s.producer = batches.producer AND "
+                                          "s.batch = batches.batch)", (producer, before), int(old))
         return gone
 
     def _trimmed(self, stream: str) -> dict[str, int]:

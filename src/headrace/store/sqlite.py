@@ -50,7 +50,8 @@ class SQLiteStore(SQLStore):
             self._db = _read_only(self.path)
         else:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=60, check_same_thread=False)
+            self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S,
+                                       check_same_thread=False)
         self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         if not read_only:
             self._db.execute("PRAGMA journal_mode = WAL")
@@ -89,8 +90,8 @@ class SQLiteStore(SQLStore):
         writes, up to ``BUSY_TIMEOUT_S``. SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20,
         25 ms ... between tries, so a writer that lost the lock a few times in a row slept 20 to
         25 ms after it was free again: the pipeline's tail latency, on a lock held a millisecond
-        at a time. Other statements keep the busy handler (a write outside a transaction, such as
-        a trim's step, yields to the pipeline's transactions this way)."""
+        at a time. A statement outside a transaction keeps the busy handler (a trim's steps: so
+        they yield to the pipeline's commits)."""
         if begin != self.BEGIN_WRITE:
             self._db.execute(begin)
             return
@@ -102,7 +103,7 @@ class SQLiteStore(SQLStore):
                     self._db.execute(begin)
                     return
                 except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    if not self._is_busy(exc) or time.monotonic() > deadline:
                         raise
                 time.sleep(WRITE_LOCK_RETRY_S)
         finally:
@@ -134,10 +135,13 @@ class SQLiteStore(SQLStore):
             time.sleep(min(pause, left))
             pause = min(pause * 1.5, 0.01)
 
+    def _is_busy(self, exc: Exception) -> bool:
+        return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+
     def _between_steps(self, took_s: float) -> None:
-        """SQLite has one writer at a time, and a writer the step held back sleeps in its busy handler
-        (1, 2, 5, 10, 15, 20, 25 ms ...) rather than queueing: the trim pauses as long as its step took
-        (at least 2 ms, at most 50), so a waiting commit wakes inside the pause and goes first."""
+        """SQLite has one writer at a time and no queue for its lock: the trim pauses as long as its
+        step took (at least 2 ms, at most 50), so the pipeline's commits that waited for the lock
+        meanwhile (retrying every ``WRITE_LOCK_RETRY_S``) go before its next step."""
         time.sleep(min(max(took_s, 0.002), 0.05))
 
     def _reclaim(self) -> None:
@@ -168,7 +172,7 @@ def _read_only(path: str) -> sqlite3.Connection:
     where this process may not create one (a read-only directory) it is read as an immutable
     snapshot, which is what a read-only copy of a store is."""
     def connect(flags: str) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{quote(path)}?{flags}", uri=True, isolation_level=None, timeout=60,
+        return sqlite3.connect(f"file:{quote(path)}?{flags}", uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S,
                                check_same_thread=False)
 
     db = connect("mode=ro")
