@@ -15,6 +15,7 @@ makes a sink written from it exactly-once (docs/architecture.md §3.13).
 from __future__ import annotations
 
 import pickle
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -30,6 +31,7 @@ from .source import LazyStore
 __all__ = ["StreamFrameSource", "stream_frame", "declare_schemas", "schema_key", "typed_values", "STREAM_READ"]
 
 Offset = dict[str, int]  # {producer: last journaled batch}
+QUIET_MOVE_S = 5.0  # how often a streaming read's offset moves over batches without records of its stream
 
 STREAM_READ = "stream_read"  # the failpoint step (store/failpoints.py) inside a read task of the DataFrame view
 
@@ -137,8 +139,28 @@ class BatchFrameReader(_FrameReading, DataSourceReader):
 
 
 class StreamFrameReader(_FrameReading, DataSourceStreamReader):
+    """Its offset moves when the stream has new records, and otherwise (its producers journaled
+    batches without records on it: watermarks, other streams) once every ``QUIET_MOVE_S``, so its
+    readers' positions, which retention follows, still move. A sink's micro-batch costs a Spark job
+    and a round trip to a Python worker per read task, and a stream whose records come once per
+    event-time window had a sink running micro-batches back to back on empty ranges."""
+
+    _moved_at = 0.0
+
+    def latestOffset(self, start: Offset | None = None, limit: Any = None) -> Offset:
+        latest = super().latestOffset(start, limit)
+        if not start or latest == start or time.monotonic() - self._moved_at >= QUIET_MOVE_S or any(
+                self._records(p, start.get(p, 0), b) for p, b in latest.items()):
+            self._moved_at = time.monotonic()
+            return latest
+        return start
+
+    def _records(self, producer: str, after: int, upto: int) -> int:
+        return self.store.segment_records(self.stream, producer, after, upto) if upto > after else 0
+
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
-        return self.ranges(start, end)
+        return [r for r in self.ranges(start, end) if isinstance(r, ProducerRange) and
+                self._records(r.producer, r.after, r.upto)]
 
     def commit(self, end: Offset) -> None:
         pass
