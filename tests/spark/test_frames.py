@@ -116,3 +116,44 @@ def test_a_stream_df_starts_from_a_batch_and_refuses_what_is_not_a_stream(spark:
                                           r"the epoch \(got 'start'\). Hint: start='beginning', or from_batch=N to "
                                           r"skip each producer's first N batches$"):
         stream_df("events", spark=spark, store=store_url, start="start")
+
+
+def test_a_streaming_read_moves_on_records_and_over_batches_without_them_only_now_and_then(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Spark job for batches that hold none of the stream's records (a producer's watermark-only
+    or other streams' batches); they are passed over once every ``QUIET_MOVE_S``, so the read's
+    position, which retention follows, still moves; a micro-batch reads only ranges with records."""
+    from headrace.engine.batch import Production
+    from headrace.spark import frames
+
+    url = f"sqlite:///{tmp_path}/store.db"
+    store = open_store(url)
+    store.declare_stream("counts", "Third/0", "Third/1")
+
+    def publish(producer: str, batch: int, n: int) -> None:
+        records = [Production("counts", None, {"n": i}, 1_000 + i, f"{producer}:{batch}:{i}") for i in range(n)]
+        store.publish(producer, batch, {"counts": records} if n else {}, 1_000 + batch)
+
+    reader = frames.StreamFrameReader({"store": url, "stream": "counts"})
+    for batch in (1, 2):
+        publish("Third/0", batch, 3)
+    publish("Third/1", 1, 0)
+    start = reader.latestOffset(reader.initialOffset())
+    assert start == {"Third/0": 2, "Third/1": 1}
+    assert [(r.producer, r.after, r.upto) for r in reader.partitions({"Third/0": 0, "Third/1": 0}, start)] == [
+        ("Third/0", 0, 1), ("Third/0", 1, 2)]  # Third/1's batch holds no record: no read task for it
+
+    publish("Third/0", 3, 0)
+    publish("Third/1", 2, 0)
+    assert reader.latestOffset(start) == start, "batches without records made a micro-batch"
+    publish("Third/1", 3, 2)
+    moved = reader.latestOffset(start)
+    assert moved == {"Third/0": 3, "Third/1": 3}
+    assert [(r.producer, r.after, r.upto) for r in reader.partitions(start, moved)] == [("Third/1", 2, 3)]
+
+    publish("Third/0", 4, 0)
+    assert reader.latestOffset(moved) == moved
+    monkeypatch.setattr(frames, "QUIET_MOVE_S", 0.0)
+    assert reader.latestOffset(moved) == {"Third/0": 4, "Third/1": 3}, "never passed over the quiet batches"
+    reader.stop()
+    store.close()
