@@ -11,11 +11,12 @@ hooks, and what it knows of them (``watermarks``, ``batches``, ``running``).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from ..engine.routing import RoutingPlan
 from ..errors import HeadraceError, OptionError, UserCodeError
@@ -73,6 +74,7 @@ class Driver:
     """Runs a topology on Spark in one mode. ``start()``, then ``wait()`` (drained) or ``stop()``."""
 
     mode: str = MODES[0]
+    clock: Callable[[], float] = staticmethod(time.time)  # what schedules the housekeeping
 
     def __init__(self, topology: Topology, store: str, master: str = "local[*]", *, spark: Any = None,
                  progress: TextIO | None = None, progress_every_s: float = 5.0, metrics_port: int | None = None,
@@ -89,7 +91,7 @@ class Driver:
         self.progress, self.progress_every_s = progress, progress_every_s
         self.trigger_ms = trigger_ms
         self.retention_ms = None if retention_ms is None else check_retention("run()", retention_ms)
-        self.trim_every_s, self._trimmed_at = trim_every_s, 0.0
+        self.trim_every_s, self._next_trim = trim_every_s, 0.0
         self.driver_id = uuid.uuid4().hex[:12]
         claim_mode(self.store, topology, self.mode)
         check_owners(self.store, topology)
@@ -190,10 +192,18 @@ class Driver:
             raise
 
     def _tick(self) -> None:
-        """Housekeeping while ``wait`` waits: retention, every ``trim_every_s``."""
-        if time.time() - self._trimmed_at >= self.trim_every_s:
-            self._trimmed_at = time.time()
+        """Housekeeping while ``wait`` waits: retention, every ``trim_every_s`` on a fixed schedule
+        from the first trim (slots a long trim overran are skipped). Timed from the last trim's
+        start instead, the trims drifted by the wait loop's granularity, 25 ms a trim, across the
+        pipeline's own periodic work (event-time windows closing), and its latency drifted with them."""
+        now = self.clock()
+        if now >= self._next_trim:
+            first = self._next_trim == 0.0
             self.trim()
+            if first:
+                self._next_trim = now
+            overran = (self.clock() - self._next_trim) / self.trim_every_s
+            self._next_trim += self.trim_every_s * max(1, math.ceil(overran))
 
     def trim(self) -> Trimmed:
         """Forget what every reader of the bus has read (routed segments), and what is also older

@@ -150,8 +150,7 @@ class RetentionQueries(IntervalQueries):
             for producer in {p for ps in streams.values() for p in ps}:
                 read[producer] = min(read.get(producer, 1 << 62), through[consumer].get(producer, 0))
         gone = 0
-        heads = self._all("SELECT producer, MAX(batch) FROM batches GROUP BY producer")
-        for producer, head in sorted((str(p), int(h)) for p, h in heads):
+        for producer, head in sorted(self.latest_batches(self._journal_producers()).items()):
             upto = head - 1  # a producer's last row stays (consumers and the authority read its head)
             if producer in read:
                 if read[producer] <= 1:
@@ -167,6 +166,15 @@ class RetentionQueries(IntervalQueries):
                                           "(SELECT 1 FROM segments s WHERE s.producer = batches.producer AND "
                                           "s.batch = batches.batch)", (producer, before), int(old))
         return gone
+
+    def _journal_producers(self) -> list[str]:
+        """Every producer with rows in the journal, an index seek each (a ``GROUP BY`` over the
+        journal would read every row it holds: 100,000 of them in a soak at 2,000 records/s)."""
+        found: list[str] = []
+        while (row := self._one("SELECT MIN(producer) FROM batches WHERE producer > ?", (found[-1] if found else "",))
+               )[0] is not None:
+            found.append(str(row[0]))
+        return found
 
     def _trimmed(self, stream: str) -> dict[str, int]:
         text = self._get_meta(meta.trimmed(stream))
