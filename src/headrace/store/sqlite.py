@@ -22,6 +22,7 @@ WAL_KEEP_BYTES = 16 * 2**20
 RECLAIM_WAIT_MS = 25
 BUSY_TIMEOUT_S = 60
 WRITE_LOCK_RETRY_S = 0.0003
+IDLE_LOOK_S = 0.003
 
 
 class SQLiteStore(SQLStore):
@@ -121,7 +122,9 @@ class SQLiteStore(SQLStore):
 
     def wait_for_commits(self, channels: Sequence[str], timeout_s: float) -> bool:
         """Until another connection commits (SQLite's ``data_version`` moves: no table is read), or
-        ``timeout_s`` passes; looks every millisecond at first, backing off to every 10 ms."""
+        ``timeout_s`` passes; looks every millisecond at first, backing off to every ``IDLE_LOOK_S``
+        (a look reads the shared-memory header, microseconds: backing off to 10 ms made the first
+        record after an idle spell wait up to 10 ms for the look that saw it)."""
         deadline = time.monotonic() + timeout_s
         pause = 0.001
         while True:
@@ -133,7 +136,7 @@ class SQLiteStore(SQLStore):
             if left <= 0:
                 return False
             time.sleep(min(pause, left))
-            pause = min(pause * 1.5, 0.01)
+            pause = min(pause * 1.5, IDLE_LOOK_S)
 
     def _is_busy(self, exc: Exception) -> bool:
         return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
