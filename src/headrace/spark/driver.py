@@ -197,13 +197,11 @@ class Driver:
         start instead, the trims drifted by the wait loop's granularity, 25 ms a trim, across the
         pipeline's own periodic work (event-time windows closing), and its latency drifted with them."""
         now = self.clock()
-        if now >= self._next_trim:
-            first = self._next_trim == 0.0
-            self.trim()
-            if first:
-                self._next_trim = now
-            overran = (self.clock() - self._next_trim) / self.trim_every_s
-            self._next_trim += self.trim_every_s * max(1, math.ceil(overran))
+        if now < self._next_trim:
+            return
+        slot = self._next_trim or now  # the first trim starts the schedule
+        self.trim()
+        self._next_trim = slot + self.trim_every_s * max(1, math.ceil((self.clock() - slot) / self.trim_every_s))
 
     def trim(self) -> Trimmed:
         """Forget what every reader of the bus has read (routed segments), and what is also older

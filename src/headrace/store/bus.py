@@ -166,7 +166,8 @@ class BusQueries(Connection):
         Publishing a batch that is already journaled does nothing, so an injector that crashed and
         replays from its last checkpoint never doubles a batch.
         """
-        encoded = self._encode_segments(producer, batch, 0, records, schemas or {}, routing)  # a replay's, wasted
+        # encoded before the lock is taken; wasted only on a replayed batch, which the check below skips
+        encoded = self._encode_segments(producer, batch, 0, records, schemas or {}, routing)
         with self._transaction():
             self._lock_producer(producer)
             if self._one("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)):

@@ -53,7 +53,7 @@ class SQLiteStore(SQLStore):
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S,
                                        check_same_thread=False)
-        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self._busy_timeout(BUSY_TIMEOUT_S)
         if not read_only:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute(f"PRAGMA synchronous = {synchronous}")
@@ -97,7 +97,7 @@ class SQLiteStore(SQLStore):
             self._db.execute(begin)
             return
         deadline = time.monotonic() + BUSY_TIMEOUT_S
-        self._db.execute("PRAGMA busy_timeout = 0")
+        self._busy_timeout(0)
         try:
             while True:
                 try:
@@ -108,7 +108,11 @@ class SQLiteStore(SQLStore):
                         raise
                 time.sleep(WRITE_LOCK_RETRY_S)
         finally:
-            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._busy_timeout(BUSY_TIMEOUT_S)
+
+    def _busy_timeout(self, seconds: float) -> None:
+        """How long a statement waits in SQLite's busy handler for a lock another connection holds."""
+        self._db.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
     def _in_list(self, column: str, values: list[Any]) -> tuple[str, Any]:
         return f"{column} IN (SELECT value FROM json_each(?))", json.dumps(values)
@@ -154,13 +158,13 @@ class SQLiteStore(SQLStore):
         A TRUNCATE checkpoint waits for the readers of the moment to finish, holding writers back
         meanwhile, so it waits at most ``RECLAIM_WAIT_MS`` (a wait of 100 ms every 10 s was 1 % of the
         pipeline's time with its commits stalled: its p99) and tries again at the next trim."""
-        self._db.execute(f"PRAGMA busy_timeout = {RECLAIM_WAIT_MS}")
+        self._busy_timeout(RECLAIM_WAIT_MS / 1000)
         try:
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
         except sqlite3.OperationalError:
             pass  # busy: the next trim tries again
         finally:
-            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self._busy_timeout(BUSY_TIMEOUT_S)
 
     def limit_idle_transactions(self, idle_ms: int) -> None:
         """Nothing to bound: no server holds SQLite's write lock for a client that went silent (a
