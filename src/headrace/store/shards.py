@@ -5,14 +5,15 @@ database has row locks, so a takeover waits for commits in flight and fences eve
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 from ..engine.batch import DueTimer, Production, QuietReport, ShardCommit, ShardSnapshot
 from ..engine.seen import SeenRange, range_ids
-from ..errors import FencedWriterError, StaleBatchError, StoreError
+from ..errors import StoreError
 from ..names import id_sequence
 from .bus import EncodedSegments
 from .intervals import IntervalQueries
+from .outcomes import OutcomeWrites
 from .segments import PIECE_SLOT, segment_rows
 
 __all__ = ["ShardQueries", "WEAK_SLOT"]
@@ -20,20 +21,8 @@ __all__ = ["ShardQueries", "WEAK_SLOT"]
 WEAK_SLOT = 1 << 20  # segment slots of weak-production resends: shard + k * WEAK_SLOT (shards < WEAK_SLOT)
 
 
-class ShardQueries(IntervalQueries):
+class ShardQueries(OutcomeWrites, IntervalQueries):
     """Shard snapshots and commits."""
-
-    def _check_shard_sequencer(self, c: ShardCommit) -> None:
-        row = self._one(f"SELECT sequencer FROM shards WHERE computation = ? AND shard = ?{self.FOR_UPDATE}",
-                        (c.computation, c.shard))
-        current = int(row[0]) if row else 0
-        if current != c.sequencer:
-            hint = (f"a newer owner took interval {c.shard} of this computation; this worker drops it and goes on"
-                    if c.journal_as else
-                    "a newer driver took over this computation; this process is a zombie and must stop")
-            raise FencedWriterError(
-                f"Writer of {c.computation!r} with sequencer {c.sequencer} was fenced off: the store's sequencer is "
-                f"{current}", got=c.sequencer, hint=hint)
 
     # -- one shard batch --------------------------------------------------------------------------
     def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int, wall_clock: int,
@@ -148,16 +137,22 @@ class ShardQueries(IntervalQueries):
         if not c.strong_productions and c.productions and c.journal_as is None:
             step("weak_productions")  # weak: productions go out first, in a transaction of their own
             with self._transaction():
-                self._check_shard_sequencer(c)
-                self._check_base_version(c)  # a stale attempt must not replace a committed batch's segments
+                self._raise_refusal(c)  # a stale attempt must not replace a committed batch's segments
                 self._resend_productions(c)
         encoded = self._encoded_in_commit(c)
         step("begin")
         with self._transaction():
-            self._write_commit(c, encoded)
+            step("check_sequencer")
+            self._raise_refusal(c)
+            self._write_outcomes([c], [encoded])
             step("before_commit")
         step("after_commit")
         self._write_output_after_state([c])
+
+    def _raise_refusal(self, c: ShardCommit) -> None:
+        refusal = self._refusals([c])[0]
+        if refusal is not None:
+            raise refusal
 
     def _write_output_after_state(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> None:
         """At-most-once output: productions (and an interval's journal row, which makes them
@@ -165,45 +160,36 @@ class ShardQueries(IntervalQueries):
         finds the batch committed and re-delivers what was written, nothing. ``quiet``: the
         pass's reports, which must not be seen before this output (a crash in between loses them
         too, and the next pass reports again)."""
-        after = [(c, self._encode_productions(c, c.shard)) for c in commits if c.productions_after_state]
+        after = [c for c in commits if c.productions_after_state]
         if not after:
             return
+        encoded = [self._encode_productions(c, c.shard) for c in after]
         self._step("output")
         with self._transaction():
-            for c, encoded in after:
-                self._insert_segments(encoded)
-                self._journal_interval(c)
+            for e in encoded:
+                self._insert_segments(e)
+            self._journal_intervals(after)
             for report in quiet:
                 self.report_quiet(*report)
         self._step("after_output")
 
     def commit_shards(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> list[StoreError | None]:
         """Several key intervals' outcomes in one transaction (a continuous worker's pass: one
-        write-lock wait and one commit instead of one per interval), with the pass's reports of its
-        quiet intervals (``report_quiet``'s arguments). Each outcome is written whole or, when its
-        own commit would be refused (fenced, stale), not at all while the others are written: the
+        write-lock wait and one commit instead of one per interval, and one statement per table
+        instead of one per interval, ``outcomes.py``), with the pass's reports of its quiet
+        intervals (``report_quiet``'s arguments). Each outcome is written whole or, when its own
+        commit would be refused (fenced, stale), not at all while the others are written: the
         failure is returned in its place. Productions are written in the commit whether strong or
         weak: an interval's productions reach consumers through its journal row, which this commit
         writes, so sending weak ones ahead could not make them visible any sooner."""
-        failures: list[StoreError | None] = [None] * len(commits)
-        counters: dict[tuple[str, str], int] = {}
         encoded = [self._encoded_in_commit(c) for c in commits]
         self._step("begin")
         with self._transaction():
-            # in one order, so that two workers' passes take PostgreSQL's row locks without deadlocking
-            for i in sorted(range(len(commits)), key=lambda i: (commits[i].computation, commits[i].shard)):
-                self._x("SAVEPOINT interval_commit")
-                try:
-                    self._write_commit(commits[i], encoded[i], counters=False)
-                except (FencedWriterError, StaleBatchError) as exc:
-                    self._x("ROLLBACK TO SAVEPOINT interval_commit")
-                    failures[i] = exc
-                else:
-                    for name, value in commits[i].counters.items():
-                        key = (commits[i].computation, name)
-                        counters[key] = counters.get(key, 0) + value
-                self._x("RELEASE SAVEPOINT interval_commit")
+            self._step("check_sequencer")
+            failures = self._refusals(commits)
             made = [c for c, failure in zip(commits, failures) if failure is None]
+            self._write_outcomes(made, [e for e, failure in zip(encoded, failures) if failure is None],
+                                 counters=False)
             # a report raises the watermark of every interval held under its sequencer: with output
             # still to go out after the state, it waits for that output
             later = any(c.productions_after_state for c in made)
@@ -214,77 +200,15 @@ class ShardQueries(IntervalQueries):
             # every worker, and a row written earlier stayed locked for the rest of the pass, so
             # the other workers' passes queued behind it (on PostgreSQL: 0.6-0.8 ms a pass on
             # average, up to 35 ms, at 2,000 records/s through three stages on two workers)
+            counters: dict[tuple[str, str], int] = {}
+            for c in made:
+                for name, value in c.counters.items():
+                    counters[(c.computation, name)] = counters.get((c.computation, name), 0) + value
             self._write_counters(counters)
             self._step("before_commit")
         self._step("after_commit")
         self._write_output_after_state(made, quiet if later else ())
         return failures
-
-    def _write_counters(self, counters: Mapping[tuple[str, str], int]) -> None:
-        """One statement, its rows sorted: writers that commit at once take the counter rows' locks
-        in one order. Not ``_xmany``: after psycopg's executemany (pipeline mode) the server does
-        not apply ``idle_in_transaction_session_timeout`` (``limit_idle_transactions``)."""
-        if counters:
-            rows = sorted(counters.items())
-            self._x("INSERT INTO counters VALUES " + ", ".join(["(?, ?, ?)"] * len(rows)) +
-                    " ON CONFLICT(computation, name) DO UPDATE SET value = counters.value + excluded.value",
-                    [x for (computation, name), v in rows for x in (computation, name, v)])
-
-    def _write_commit(self, c: ShardCommit, encoded: EncodedSegments | None, counters: bool = True) -> None:
-        """One batch's writes, with its productions ``encoded`` by ``_encoded_in_commit``;
-        ``counters=False``: all but its counters (the caller writes them)."""
-        step = self._step
-        step("check_sequencer")
-        self._check_shard_sequencer(c)
-        step("state")
-        self._xmany("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
-                    [(c.computation, k, v) for k, v in c.state_writes if v is not None])
-        self._xmany("DELETE FROM state WHERE computation = ? AND key = ?",
-                    [(c.computation, k) for k, v in c.state_writes if v is None])
-        # monoid partials merge without reading: a delta row per (key, window) and batch; a
-        # batch written twice (possible only without exactly-once's version check) adds nothing
-        self._xmany("DELETE FROM partials WHERE computation = ? AND key = ? AND window_end = ? AND batch < ?",
-                    [(c.computation, k, w, c.batch) for k, w in c.partial_deletes])
-        self._xmany("INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT(computation, key, window_end, batch) DO NOTHING",
-                    [(c.computation, k, w, c.batch, c.shard, v) for k, w, v in c.partial_writes])
-        step("timers")
-        self._xmany("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
-                    [(c.computation, k, t) for k, t in c.timer_deletes])
-        self._xmany("INSERT INTO timers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, tag) DO UPDATE "
-                    "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
-                    [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for t in c.timer_sets])
-        step("seen_ids")
-        if c.seen_ids:
-            self._xmany("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
-                        [(c.computation, c.shard, i, ts) for i, ts in c.seen_ids])
-        if c.seen_ranges:  # a range's low is an id new to the shard when written: another range has it only as a copy
-            self._xmany("INSERT INTO seen_ranges VALUES (?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT(computation, shard, prefix, low) DO NOTHING",
-                        [(c.computation, c.shard, *r) for r in c.seen_ranges])
-        if c.forget_ids_before is not None:
-            self._x("DELETE FROM seen_ids WHERE computation = ? AND shard = ? AND timestamp < ?",
-                    (c.computation, c.shard, c.forget_ids_before))
-            self._x("DELETE FROM seen_ranges WHERE computation = ? AND shard = ? AND newest < ?",
-                    (c.computation, c.shard, c.forget_ids_before))
-        step("productions")
-        if encoded is not None:
-            self._insert_segments(encoded)
-        if counters:
-            step("counters")
-            self._write_counters({(c.computation, k): v for k, v in c.counters.items()})
-        if c.positions:
-            self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
-                        "DO UPDATE SET batch = excluded.batch",
-                        [(c.computation, c.shard, p, b) for p, b in sorted(c.positions.items())])
-        step("version")
-        self._advance_version(c)
-        if not c.productions_after_state:
-            self._journal_interval(c)
-
-    def _journal_interval(self, c: ShardCommit) -> None:
-        if c.journal_as is not None:  # an interval's commit is a batch of its producer on the bus
-            self._journal(c.journal_as, c.batch, c.input_watermark, c.output_watermark, c.routing)
 
     def _encoded_in_commit(self, c: ShardCommit) -> EncodedSegments | None:
         """The productions a commit of ``c`` writes itself (strong ones, and those an interval
@@ -309,36 +233,6 @@ class ShardQueries(IntervalQueries):
                          "AND shard < ? AND stream = ?",
                          (c.producer, c.batch, WEAK_SLOT, c.shard, PIECE_SLOT, min(streams)))[0]
         self._insert_segments(self._encode_productions(c, c.shard + WEAK_SLOT * int(sent)))
-
-    def _advance_version(self, c: ShardCommit) -> None:
-        g = self.GREATEST
-        if c.exactly_once:
-            cur = self._x(
-                f"UPDATE shards SET version = ?, input_watermark = ?, output_watermark = {g}(output_watermark, ?) "
-                "WHERE computation = ? AND shard = ? AND version = ?",
-                (c.batch, c.input_watermark, c.output_watermark, c.computation, c.shard, c.base_version))
-        else:
-            cur = self._x(
-                f"UPDATE shards SET version = {g}(version, ?), input_watermark = {g}(input_watermark, ?), "
-                f"output_watermark = {g}(output_watermark, ?) WHERE computation = ? AND shard = ?",
-                (c.batch, c.input_watermark, c.output_watermark, c.computation, c.shard))
-        if cur.rowcount != 1:
-            self._raise_stale(c)
-
-    def _check_base_version(self, c: ShardCommit) -> None:
-        if c.exactly_once:
-            row = self._one("SELECT version FROM shards WHERE computation = ? AND shard = ?", (c.computation, c.shard))
-            if row is None or row[0] != c.base_version:
-                self._raise_stale(c)
-
-    def _raise_stale(self, c: ShardCommit) -> None:
-        row = self._one("SELECT version FROM shards WHERE computation = ? AND shard = ?", (c.computation, c.shard))
-        raise StaleBatchError(
-            f"Shard {c.shard} of {c.computation!r} moved from version {c.base_version} to {row[0] if row else None} "
-            f"while batch {c.batch} ran",
-            got=c.batch,
-            hint="another attempt committed first; this attempt's outcome is discarded, re-read the shard",
-        )
 
     def committed_productions(self, computation: str, shard: int, batch: int) -> list[Production]:
         out: list[Production] = []
