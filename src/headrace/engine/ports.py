@@ -122,6 +122,12 @@ class ShardStore(Protocol):
     def load_shard(self, computation: str, shard: int, keys: list[str], watermark: int,
                    wall_clock: int, tags: Sequence[str] = ()) -> ShardSnapshot: ...
 
+    def quiet_snapshots(self, wanted: Sequence[tuple[str, int, int]],
+                        wall_clock: int) -> dict[tuple[str, int], ShardSnapshot]:
+        """``load_shard`` with no keys of each (computation, shard, watermark) with no due timer,
+        in one round trip."""
+        ...
+
     def load_partials(self, computation: str, shard: int,
                       windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
         """A monoid computation's delta rows of these (key, window) pairs, or of every pair of the shard."""
@@ -150,6 +156,10 @@ class ShardStore(Protocol):
     def committed_productions(self, computation: str, shard: int, batch: int) -> list[Production]: ...
 
     def shards_with_due_timers(self, computation: str, watermark: int, wall_clock: int) -> list[int]: ...
+
+    def due_timer_shards(self, wanted: Sequence[tuple[str, int]], wall_clock: int) -> list[list[int]]:
+        """``shards_with_due_timers`` of each (computation, watermark), in one round trip."""
+        ...
 
     def next_wall_timer(self, computation: str, shards: list[int] | None = None) -> int | None: ...
 
@@ -261,10 +271,9 @@ class IntervalStore(ShardStore, Bus, Journal, Protocol):
         """Each producer's journal head (``Head``), in one round trip or two."""
         ...
 
-    def report_quiet(self, computation: str, sequencer: int, positions: Mapping[str, int], input_watermark: int,
-                     output_watermark: int) -> None:
-        """The intervals held under ``sequencer`` that committed nothing since are at ``positions``
-        and these watermarks (one statement for all of them)."""
+    def report_quiet(self, reports: Sequence[QuietReport]) -> None:
+        """Per report, the intervals held under its sequencer that committed nothing since are at
+        its positions and watermarks (one statement for all of them)."""
         ...
 
     def wait_for_commits(self, channels: Sequence[str], timeout_s: float) -> bool:

@@ -31,6 +31,9 @@ class StateCache:
         self._keys: dict[tuple[str, int], set[str]] = {}  # each interval's cached keys
         self._valid: dict[tuple[str, int], tuple[int, int]] = {}  # interval -> (sequencer, version)
         self.hits = self.misses = 0
+        # a pass's rows of its active intervals, read at once (``prefetch``): (computation, shard) ->
+        # (watermark, wall clock, snapshot), each used by the one load of the pass that needs no key
+        self._rows: dict[tuple[str, int], tuple[int, int, ShardSnapshot]] = {}
 
     def __len__(self) -> int:
         return len(self._values)
@@ -41,7 +44,11 @@ class StateCache:
         cached; when the interval changed hands or moved on, its cache is dropped first."""
         interval = (computation, shard)
         cached, missing = self._cached(interval, keys)
-        snapshot = store.load_shard(computation, shard, missing, watermark, wall_clock, tags)
+        row = self._rows.pop(interval, None)
+        if not missing and row is not None and row[:2] == (watermark, wall_clock):
+            snapshot = row[2]
+        else:
+            snapshot = store.load_shard(computation, shard, missing, watermark, wall_clock, tags)
         if self._valid.get(interval) != (sequencer, snapshot.version) or snapshot.sequencer != sequencer:
             self.drop(computation, shard)  # taken, fenced or written by another since it was cached
             if snapshot.sequencer != sequencer:
@@ -59,6 +66,13 @@ class StateCache:
             if value is not None:
                 snapshot.states.setdefault(key, value)
         return snapshot
+
+    def prefetch(self, store: ShardStore, wanted: Sequence[tuple[str, int, int]], wall_clock: int) -> None:
+        """Read the rows of a pass's intervals (computation, shard, watermark) in one round trip,
+        for their ``load``s of this pass at this ``wall_clock`` (each read once, then forgotten)."""
+        snapshots = store.quiet_snapshots(wanted, wall_clock) if wanted else {}
+        self._rows = {(c, s): (watermark, wall_clock, snapshots[(c, s)]) for c, s, watermark in wanted
+                      if (c, s) in snapshots}
 
     def _cached(self, interval: tuple[str, int], keys: list[str]) -> tuple[dict[str, bytes | None], list[str]]:
         """The cached states (None: no state) among ``keys``, and the keys not cached."""
@@ -91,6 +105,7 @@ class StateCache:
     def drop(self, computation: str, shard: int) -> None:
         """Forget the interval (lost, fenced, released, or read at another version)."""
         self._valid.pop((computation, shard), None)
+        self._rows.pop((computation, shard), None)
         for key in self._keys.pop((computation, shard), ()):
             self._values.pop((computation, shard, key), None)
 
@@ -98,6 +113,7 @@ class StateCache:
         self._values.clear()
         self._keys.clear()
         self._valid.clear()
+        self._rows.clear()
 
     def _put(self, computation: str, shard: int, key: str, value: bytes | None) -> None:
         entry = (computation, shard, key)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, MonoidComputation
@@ -54,6 +54,16 @@ class IntervalPlan:
     @property
     def options(self) -> ComputationOptions:
         return self.consumer.options
+
+
+class GroupRead(NamedTuple):
+    """What a pass read of one group of intervals (``Worker._read``)."""
+
+    target: dict[str, int]  # the positions read up to, per producer
+    watermark: int
+    records: dict[int, list[InputRecord]]  # per interval
+    rejected: dict[int, list[InputRecord]]  # records without a key, per interval
+    folders: dict[int, Folder]  # a monoid's records folded as they were read, per interval
 
 
 class Worker:
@@ -220,16 +230,22 @@ class Worker:
         heads = self.store.producer_heads(self.channels())
         wall = self.clock()
         ready: list[tuple[IntervalPlan, Group, OwnedInterval, ShardBatch, PreparedBatch]] = []
-        moved: list[tuple[IntervalPlan, Group, dict[str, int], int]] = []
-        for plan in self.plans:
-            for group in self.groups[plan.name]:
-                target, watermark, batches = self._prepare(plan, group, heads, wall)
-                ready.extend(batches)
-                moved.append((plan, group, target, watermark))
+        reads = [(plan, group, self._read(plan, group, heads)) for plan in self.plans for group in self.groups[plan.name]]
+        due = self.store.due_timer_shards([(plan.name, read.watermark) for plan, _, read in reads], wall)
+        batches = [(plan, group, *b) for (plan, group, read), due_shards in zip(reads, due)
+                   for b in self._batches(plan, group, read, due_shards, wall)]
+        # the rows of the intervals whose state the cache serves (not a monoid's), in one read
+        self.state_cache.prefetch(self.store, [(plan.name, b.shard, b.watermark_after) for plan, _, _, b, _ in batches
+                                               if not isinstance(self.code[plan.name], MonoidComputation)], wall)
+        for plan, group, interval_, batch, routing in batches:
+            prepared = self._prepare(plan, interval_, batch, routing)
+            if prepared is not None:
+                ready.append((plan, group, interval_, batch, prepared))
+        moved: list[tuple[IntervalPlan, Group, dict[str, int], int]] = [
+            (plan, group, read.target, read.watermark) for plan, group, read in reads]
         reports = self._reports(moved)
         if not ready:
-            for report in reports:
-                self.store.report_quiet(*report)
+            self.store.report_quiet(reports)
             self._moved(moved)
             return False
         outcomes = commit_together(self.store, [prepared for *_, prepared in ready], reports)
@@ -277,10 +293,9 @@ class Worker:
                     out.append(QuietReport(plan.name, sequencer, target, watermark, watermark))
         return out
 
-    def _prepare(self, plan: IntervalPlan, group: Group, heads: Mapping[str, Head], wall: int,
-                 ) -> tuple[dict[str, int], int, list[tuple[IntervalPlan, Group, OwnedInterval, ShardBatch, PreparedBatch]]]:
-        """A group's pass: its new input read once (its intervals' routed segments), and a batch
-        for each interval that has records of its own or a due timer; the rest stay quiet."""
+    def _read(self, plan: IntervalPlan, group: Group, heads: Mapping[str, Head]) -> GroupRead:
+        """A group's new input, read once (its intervals' routed segments), split by interval, and
+        the positions and watermark it reads up to."""
         consumer = self.consumers[plan.name]
         positions = group.positions
         target = {p: max(heads[p].batch if p in heads else 0, positions.get(p, 0)) for p in consumer.all_producers}
@@ -309,10 +324,17 @@ class Worker:
                 for shard, rs in refused.items():
                     rejected.setdefault(shard, []).extend(rs)
         watermark = input_watermark(consumer, lambda p: self._mark_at(p, target[p], heads))
-        due = self.store.shards_with_due_timers(plan.name, watermark, wall)
-        active = sorted({*records, *rejected, *folders, *(s for s in due if s in group.shards)})
-        ready = []
-        for shard in active:
+        return GroupRead(target, watermark, records, rejected, folders)
+
+    def _batches(self, plan: IntervalPlan, group: Group, read: GroupRead, due: list[int], wall: int,
+                 ) -> list[tuple[OwnedInterval, ShardBatch, Routing | None]]:
+        """A batch for each of the group's intervals that has records of its own or a due timer
+        (``due``: the computation's intervals with one); the rest stay quiet."""
+        consumer = self.consumers[plan.name]
+        owned = self.groups[plan.name].owned
+        target, watermark, records, rejected, folders = read
+        out = []
+        for shard in sorted({*records, *rejected, *folders, *(s for s in due if s in group.shards)}):
             interval_ = owned[shard]
             before = group.before(interval_)
             folder = folders.get(shard)
@@ -322,18 +344,24 @@ class Worker:
                                partials=folder.partials() if folder is not None else [])
             routing = (Routing(plan.routing.id, interval_.since or batch.batch, [])
                        if plan.routing.subscribers else None)
-            try:
-                prepared = prepare_shard_batch(code, plan.name, plan.options, plan.outputs, self.store, batch,
-                                               self.dedup, consumer.schemas, plan.routing, routing, self.state_cache)
-                if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
-                    raise StaleBatchError(f"Interval {shard} of {plan.name!r} already has batch "
-                                          f"{batch.batch}, committed by another owner", got=batch.batch,
-                                          hint="this worker drops the interval and goes on")
-            except (FencedWriterError, StaleBatchError) as exc:
-                self._lose(plan, interval_, exc)
-                continue
-            ready.append((plan, group, interval_, batch, prepared))
-        return target, watermark, ready
+            out.append((interval_, batch, routing))
+        return out
+
+    def _prepare(self, plan: IntervalPlan, interval_: OwnedInterval, batch: ShardBatch,
+                 routing: Routing | None) -> PreparedBatch | None:
+        """The interval's batch run and ready to commit; None when the interval was lost to a newer owner."""
+        try:
+            prepared = prepare_shard_batch(self.code[plan.name], plan.name, plan.options, plan.outputs, self.store,
+                                           batch, self.dedup, self.consumers[plan.name].schemas, plan.routing,
+                                           routing, self.state_cache)
+            if isinstance(prepared, ShardResult):  # a newer owner committed this very batch: theirs now
+                raise StaleBatchError(f"Interval {batch.shard} of {plan.name!r} already has batch "
+                                      f"{batch.batch}, committed by another owner", got=batch.batch,
+                                      hint="this worker drops the interval and goes on")
+        except (FencedWriterError, StaleBatchError) as exc:
+            self._lose(plan, interval_, exc)
+            return None
+        return prepared
 
     def _lose(self, plan: IntervalPlan, owned: OwnedInterval, exc: Exception) -> None:
         """Another worker owns the interval now: its writes win, this one drops it."""

@@ -170,10 +170,10 @@ class BusQueries(Connection):
         encoded = self._encode_segments(producer, batch, 0, records, schemas or {}, routing)
         with self._transaction():
             self._lock_producer(producer)
-            if self._one("SELECT 1 FROM batches WHERE producer = ? AND batch = ?", (producer, batch)):
-                return
             prev = self.latest_batch(producer)
             if prev is not None and prev.batch >= batch:
+                if prev.batch == batch or self.batch_info(producer, batch) is not None:
+                    return
                 raise StaleBatchError(f"Injector {producer!r} is at batch {prev.batch}, past {batch}", got=batch,
                                       hint="resume from the checkpoint the store returns")
             self._insert_segments(encoded)

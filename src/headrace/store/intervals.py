@@ -10,8 +10,9 @@ claims and renews them in seconds, and the authority reads them all in one query
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from ..engine.batch import QuietReport
 from ..engine.ports import Head, IntervalClaim
 from ..errors import StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
@@ -150,19 +151,34 @@ class IntervalQueries(Rescaling, BusQueries):
                     f"JOIN interval_groups g ON g.computation = s.computation AND g.sequencer = s.sequencer "
                     f"WHERE s.computation = ? AND s.{condition}", (computation, param))}
 
-    def report_quiet(self, computation: str, sequencer: int, positions: Mapping[str, int], input_watermark: int,
-                     output_watermark: int) -> None:
-        """Every interval of ``computation`` held under ``sequencer`` that committed nothing since has
-        read its input up to ``positions`` and found nothing of its own, and its watermarks stand at
-        these: one statement for all of them, however many (docs/architecture.md §4.2, "Quiet
-        intervals"). Monotonic: a report never moves a position or a watermark back."""
+    def _quiet_outputs(self, wanted: Mapping[str, list[int]]) -> dict[tuple[str, int], int]:
+        """The output watermark a quiet report of its current sequencer gives each (computation,
+        shard) of ``wanted``, where there is one: one statement for every computation."""
+        conditions, params = [], []
+        for computation, shards in sorted(wanted.items()):
+            condition, param = self._in_list("s.shard", sorted(set(shards)))
+            conditions.append(f"(s.computation = ? AND {condition})")
+            params += [computation, param]
+        if not conditions:
+            return {}
+        return {(str(c), int(s)): int(o) for c, s, o in self._all(
+            "SELECT s.computation, s.shard, g.output_watermark FROM shards s JOIN interval_groups g "
+            f"ON g.computation = s.computation AND g.sequencer = s.sequencer WHERE {' OR '.join(conditions)}", params)}
+
+    def report_quiet(self, reports: Sequence[QuietReport]) -> None:
+        """For each report: every interval of its computation held under its sequencer that
+        committed nothing since has read its input up to its positions and found nothing of its
+        own, and its watermarks stand at the report's. One statement for all of them, however many
+        intervals and reports (docs/architecture.md §4.2, "Quiet intervals"). Monotonic: a report
+        never moves a position or a watermark back. At most one report per computation and
+        sequencer."""
         g = self.GREATEST
-        self._x(f"INSERT INTO interval_groups VALUES (?, ?, ?, ?, ?) ON CONFLICT(computation, sequencer) DO UPDATE SET "
-                f"positions = excluded.positions, input_watermark = {g}(interval_groups.input_watermark, "
-                f"excluded.input_watermark), output_watermark = {g}(interval_groups.output_watermark, "
-                f"excluded.output_watermark)",
-                (computation, sequencer, json.dumps(dict(sorted(positions.items()))), input_watermark,
-                 output_watermark))
+        self._xmany(f"INSERT INTO interval_groups VALUES (?, ?, ?, ?, ?) ON CONFLICT(computation, sequencer) DO UPDATE "
+                    f"SET positions = excluded.positions, input_watermark = {g}(interval_groups.input_watermark, "
+                    f"excluded.input_watermark), output_watermark = {g}(interval_groups.output_watermark, "
+                    f"excluded.output_watermark)",
+                    [(r.computation, r.sequencer, json.dumps(dict(sorted(r.positions.items()))), r.input_watermark,
+                      r.output_watermark) for r in reports])
 
     def producer_heads(self, producers: list[str]) -> dict[str, Head]:
         """Each producer's last journaled batch, its routing plan and its output watermark: for a
@@ -179,11 +195,8 @@ class IntervalQueries(Rescaling, BusQueries):
             parsed = parse_producer(p)
             if parsed.kind == "interval":
                 by_computation.setdefault(parsed.name, []).append(int(parsed.part))  # type: ignore[arg-type]
-        quiet: dict[str, int] = {}
-        for computation, shards in by_computation.items():
-            condition, param = self._in_list("shard", sorted(set(shards)))
-            for shard, (_, _, out) in self._quiet_marks(computation, condition, param).items():
-                quiet[interval(computation, shard)] = out
+        quiet = {interval(computation, shard): out
+                 for (computation, shard), out in self._quiet_outputs(by_computation).items()}
         heads = self.journal_heads_of(producers)
         for name, out in quiet.items():
             head = heads.get(name, Head(0, out))

@@ -30,13 +30,15 @@ class OutcomeWrites(BusQueries):
         wanted: dict[str, set[int]] = {}
         for c in commits:
             wanted.setdefault(c.computation, set()).add(c.shard)
-        rows: dict[tuple[str, int], tuple[int, int]] = {}
+        conditions, params = [], []
         for computation in sorted(wanted):
             condition, param = self._in_list("shard", sorted(wanted[computation]))
-            for shard, sequencer, version in self._all(
-                    f"SELECT shard, sequencer, version FROM shards WHERE computation = ? AND {condition} "
-                    f"ORDER BY shard{self.FOR_UPDATE}", (computation, param)):
-                rows[(computation, int(shard))] = (int(sequencer), int(version))
+            conditions.append(f"(computation = ? AND {condition})")
+            params += [computation, param]
+        rows = {(str(computation), int(shard)): (int(sequencer), int(version))
+                for computation, shard, sequencer, version in self._all(
+                    f"SELECT computation, shard, sequencer, version FROM shards WHERE {' OR '.join(conditions)} "
+                    f"ORDER BY computation, shard{self.FOR_UPDATE}", params)}
         return [_refusal(c, rows.get((c.computation, c.shard))) for c in commits]
 
     def _write_outcomes(self, commits: Sequence[ShardCommit], encoded: Sequence[EncodedSegments | None],

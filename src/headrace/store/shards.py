@@ -69,6 +69,24 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
                     f"SELECT key, value FROM state WHERE computation = ? AND {condition}", (computation, param)))
         return ShardSnapshot(version=row[0], states=states, due_timers=due, output_watermark=row[1], sequencer=row[2])
 
+    def quiet_snapshots(self, wanted: Sequence[tuple[str, int, int]], wall_clock: int) -> dict[tuple[str, int], ShardSnapshot]:
+        """For each (computation, shard, watermark) with no timer due at that watermark and
+        ``wall_clock``, the snapshot ``load_shard`` gives with no keys to read (version, output
+        watermark, sequencer), all in one statement: a pass reads its active intervals' rows at
+        once. An interval with a due timer is left out (``load_shard`` reads its timers' state)."""
+        if not wanted:
+            return {}
+        table, param = self._ranges(list(wanted))
+        rows = self._all(
+            "SELECT p, lo, s.version, s.output_watermark, s.sequencer FROM "
+            f"{self._per_range(table, 'shards s', 's.computation = p AND s.shard = lo')} WHERE NOT EXISTS "
+            "(SELECT 1 FROM timers t WHERE t.computation = p AND t.shard = lo AND "
+            "((t.domain = 'watermark' AND t.timestamp <= hi) OR (t.domain = 'wall' AND t.timestamp <= ?)))",
+            (param, wall_clock))
+        return {(str(c), int(shard)): ShardSnapshot(version=version, states={}, due_timers=[],
+                                                    output_watermark=output_watermark, sequencer=sequencer)
+                for c, shard, version, output_watermark, sequencer in rows}
+
     def load_partials(self, computation: str, shard: int,
                       windows: list[tuple[str, int]] | None) -> dict[tuple[str, int], list[bytes]]:
         """A monoid computation's delta rows of these (key, window) pairs (every pair of the shard: None)."""
@@ -114,10 +132,21 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
     def shards_with_due_timers(self, computation: str, watermark: int, wall_clock: int) -> list[int]:
         """The shards with a due timer: two index ranges (watermark timers up to the watermark,
         wall timers up to the clock), however many timers are pending."""
-        return [r[0] for r in self._all(
-            "SELECT shard FROM timers WHERE computation = ? AND domain = 'watermark' AND timestamp <= ? UNION "
-            "SELECT shard FROM timers WHERE computation = ? AND domain = 'wall' AND timestamp <= ? ORDER BY 1",
-            (computation, watermark, computation, wall_clock))]
+        return self.due_timer_shards([(computation, watermark)], wall_clock)[0]
+
+    def due_timer_shards(self, wanted: Sequence[tuple[str, int]], wall_clock: int) -> list[list[int]]:
+        """``shards_with_due_timers`` of each (computation, watermark), in one statement."""
+        if not wanted:
+            return []
+        parts = [f"SELECT {i}, shard FROM timers WHERE computation = ? AND domain = 'watermark' AND timestamp <= ? "
+                 f"UNION SELECT {i}, shard FROM timers WHERE computation = ? AND domain = 'wall' AND timestamp <= ?"
+                 for i in range(len(wanted))]
+        out: list[list[int]] = [[] for _ in wanted]
+        for i, shard in self._all(" UNION ".join(parts) + " ORDER BY 1, 2",
+                                  [x for computation, watermark in wanted
+                                   for x in (computation, watermark, computation, wall_clock)]):
+            out[int(i)].append(int(shard))
+        return out
 
     def next_wall_timer(self, computation: str, shards: list[int] | None = None) -> int | None:
         """The earliest wall timer of the computation (of these shards, when given)."""
@@ -169,8 +198,7 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
             for e in encoded:
                 self._insert_segments(e)
             self._journal_intervals(after)
-            for report in quiet:
-                self.report_quiet(*report)
+            self.report_quiet(quiet)
         self._step("after_output")
 
     def commit_shards(self, commits: list[ShardCommit], quiet: Sequence[QuietReport] = ()) -> list[StoreError | None]:
@@ -193,8 +221,7 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
             # a report raises the watermark of every interval held under its sequencer: with output
             # still to go out after the state, it waits for that output
             later = any(c.productions_after_state for c in made)
-            for report in () if later else quiet:
-                self.report_quiet(*report)
+            self.report_quiet(() if later else quiet)
             self._step("counters")
             # last, summed over the pass's intervals: a computation's counter rows are shared by
             # every worker, and a row written earlier stayed locked for the rest of the pass, so

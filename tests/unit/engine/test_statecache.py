@@ -165,3 +165,36 @@ def test_the_cache_is_bounded_and_reads_only_what_it_lacks() -> None:
     shards.version = 9  # someone else wrote the interval: nothing cached is used
     snap = cache.load(shards, NAME, 0, 7, ["k1", "k3"], 0, 0)  # type: ignore[arg-type]
     assert snap.states == {"k1": b"\x02", "k3": b"\x04"} and shards.asked[-1] == ["k1", "k3"]
+
+
+class PrefetchingShards(FakeShards):
+    """FakeShards whose rows can also be read for a whole pass at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prefetched: list[list[tuple[str, int, int]]] = []
+
+    def quiet_snapshots(self, wanted: list[tuple[str, int, int]], wall_clock: int) -> Any:
+        self.prefetched.append(list(wanted))
+        return {(c, s): ShardSnapshot(self.version, {}, [], 0, self.sequencer) for c, s, _ in wanted}
+
+
+def test_a_pass_reads_its_rows_once_and_each_load_that_lacks_no_key_uses_its_row_once() -> None:
+    shards = PrefetchingShards()
+    cache = StateCache()
+    cache.load(shards, NAME, 0, 7, ["k0"], 10, 5)  # type: ignore[arg-type]
+    cache.prefetch(shards, [(NAME, 0, 10), (NAME, 1, 10)], 5)  # type: ignore[arg-type]
+    assert shards.prefetched == [[(NAME, 0, 10), (NAME, 1, 10)]]
+    snap = cache.load(shards, NAME, 0, 7, ["k0"], 10, 5)  # type: ignore[arg-type]
+    assert snap.states == {"k0": b"\x01"} and shards.asked == [["k0"]]  # served by the pass's row
+    cache.load(shards, NAME, 0, 7, ["k0"], 10, 5)  # type: ignore[arg-type]
+    assert shards.asked[-1] == []  # a row serves one load: the next reads the store again
+    cache.load(shards, NAME, 1, 7, ["k2"], 10, 5)  # type: ignore[arg-type]
+    assert shards.asked[-1] == ["k2"]  # a key to read: the store's snapshot, not the row
+    cache.prefetch(shards, [(NAME, 0, 10)], 5)  # type: ignore[arg-type]
+    cache.load(shards, NAME, 0, 7, ["k0"], 11, 5)  # type: ignore[arg-type]
+    assert shards.asked[-1] == []  # read at another watermark than the row's: the store again
+    cache.prefetch(shards, [(NAME, 0, 10)], 5)  # type: ignore[arg-type]
+    cache.drop(NAME, 0)  # fenced or lost: its row goes with its cache
+    cache.load(shards, NAME, 0, 7, ["k0"], 10, 5)  # type: ignore[arg-type]
+    assert shards.asked[-1] == ["k0"]

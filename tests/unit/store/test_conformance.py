@@ -332,6 +332,31 @@ def test_shards_with_due_timers(store: Any) -> None:
     assert store.shards_with_due_timers(C, 0, 10**6) == [2]
 
 
+def test_due_timer_shards_answers_each_computation_and_watermark_in_one_read(store: Any) -> None:
+    store.register(C, 3)
+    store.register("other", 2)
+    writer, other = store.acquire_writer(C), store.acquire_writer("other")
+    store.commit_shard(make_commit(1, 0, writer, shard=1, timer_sets=[DueTimer("a", "t", "watermark", 100)]))
+    store.commit_shard(make_commit(1, 0, writer, shard=2, timer_sets=[DueTimer("b", "t", "wall", 50)]))
+    store.commit_shard(ShardCommit("other", 0, 1, 0, other, timer_sets=[DueTimer("c", "t", "watermark", 10)]))
+    assert store.due_timer_shards([], 0) == []
+    assert store.due_timer_shards([(C, 99), ("other", 10), (C, 100)], 49) == [[], [0], [1]]
+    assert store.due_timer_shards([(C, 100), ("other", 9)], 50) == [[1, 2], []]
+
+
+def test_quiet_snapshots_are_load_shard_without_keys_and_leave_out_intervals_with_a_due_timer(store: Any) -> None:
+    store.register(C, 3)
+    writer = store.acquire_writer(C)
+    store.commit_shard(make_commit(1, 0, writer, shard=0, state_writes=[("a", b"x")], output_watermark=30))
+    store.commit_shard(make_commit(1, 0, writer, shard=1, timer_sets=[DueTimer("b", "t", "watermark", 100)]))
+    store.commit_shard(make_commit(1, 0, writer, shard=2, timer_sets=[DueTimer("c", "t", "wall", 50)]))
+    assert store.quiet_snapshots([], 0) == {}
+    quiet = store.quiet_snapshots([(C, 0, 1000), (C, 1, 99), (C, 2, 1000)], 49)
+    assert quiet == {(C, s): store.load_shard(C, s, [], w, 49) for s, w in ((0, 1000), (1, 99), (2, 1000))}
+    assert quiet[(C, 0)].states == {} and quiet[(C, 0)].output_watermark == 30
+    assert quiet[(C, 0)].sequencer == writer and quiet[(C, 0)].version == 1
+    assert store.quiet_snapshots([(C, 0, 1000), (C, 1, 100), (C, 2, 1000)], 50).keys() == {(C, 0)}
+
 # -- opening stores ------------------------------------------------------------------------------------------
 
 

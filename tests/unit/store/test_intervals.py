@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from headrace.engine.batch import ShardCommit
+from headrace.engine.batch import QuietReport, ShardCommit
 from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
 from headrace.store import open_store
 
@@ -97,8 +97,8 @@ def test_a_quiet_report_moves_the_positions_and_watermarks_of_every_interval_und
     sequencer = claims[0].sequencer
     for shard in (0, 1, 2):
         store.complete_batch(f"C/{shard}", 1, 10, 10)
-    store.report_quiet("C", sequencer, {"inject:in": 7}, 70, 70)
-    store.report_quiet("C", sequencer, {"inject:in": 9}, 60, 60)  # watermarks never move back
+    store.report_quiet([QuietReport("C", sequencer, {"inject:in": 7}, 70, 70)])
+    store.report_quiet([QuietReport("C", sequencer, {"inject:in": 9}, 60, 60)])  # watermarks never move back
     heads = store.producer_heads(["C/0", "C/1", "C/2", "inject:in"])
     assert {p: h.output_watermark for p, h in heads.items()} == {"C/0": 70, "C/1": 70, "C/2": 10}
     assert store.interval_positions("C") == {0: {"inject:in": 9}, 1: {"inject:in": 9}}
