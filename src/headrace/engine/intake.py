@@ -271,7 +271,9 @@ def _fold_fields(consumer: Consumer, k: Keyed, shards: Container[int] | None,
     ones) by interval, or None: it takes the per-record path."""
     if None in k.keys:
         return None
-    first = next((f for f in map(folder_of, sorted({s for s in k.shards if s is not None})) if f is not None), None)
+    # a folder of an interval this reader holds (a segment not routed for it holds every interval's records)
+    held = sorted({s for s in k.shards if s is not None and (shards is None or s in shards)})
+    first = next((f for f in map(folder_of, held) if f is not None), None)
     if first is None:
         return None
     extractor, schema = consumer.inputs[k.stream], consumer.schemas.get(k.stream)

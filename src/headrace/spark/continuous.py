@@ -60,16 +60,20 @@ def _worker_task(url: str, plans: list[IntervalPlan], slots: int, topology: str,
             "stage": context.stageId() if context else None, "partition": context.partitionId() if context else None,
             "attempt": context.attemptNumber() if context else None, "started_at": int(time.time() * 1000)}))
         stop_key, driver_key = meta.stop(topology, run_id), meta.driver(topology)
-        checked = {"at": 0.0, "stop": False}
+        checked = {"at": 0.0, "stop": False, "woken": False}
         parent = os.getppid()
 
         def should_stop() -> bool:
             now = time.monotonic()
-            if now - checked["at"] > (STOP_CHECK_WOKEN_S if worker.woken_by_commit else STOP_CHECK_S):
+            # a commit woke the worker since it last looked (a stop is one): it looks sooner. Kept
+            # until it looks, so that a stop committed just after a look is seen at the next wake-up
+            # (a timeout, as no commit follows the last) rather than a second later
+            checked["woken"] = checked["woken"] or worker.woken_by_commit
+            if now - checked["at"] > (STOP_CHECK_WOKEN_S if checked["woken"] else STOP_CHECK_S):
                 # the driver asked, a newer driver of the topology took over, or the executor that
                 # started this process is gone (a worker loop never talks to it, so it would not
                 # notice otherwise and would renew its leases forever)
-                checked["at"] = now
+                checked["at"], checked["woken"] = now, False
                 rows = store.metas_of([stop_key, driver_key])
                 checked["stop"] = stop_key in rows or rows.get(driver_key) != driver_id or os.getppid() != parent
             return bool(checked["stop"])

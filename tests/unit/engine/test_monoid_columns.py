@@ -169,20 +169,21 @@ def no_unpickling(self: DecodedSegment) -> Any:
 
 
 def worker_run(tmp_path: Path, cls: type, typed: bool, events: list[dict[str, Any]],
-               unpickling: pytest.MonkeyPatch | None = None) -> dict[str, Any]:
-    """``cls`` over ``events`` (two batches, then ``LATE``, then the end) by one continuous worker;
-    with ``unpickling``, the worker's passes may unpickle no segment whole (``values_at`` may)."""
+               unpickling: pytest.MonkeyPatch | None = None, slots: int = 1) -> dict[str, Any]:
+    """``cls`` over ``events`` (two batches, then ``LATE``, then the end) by ``slots`` continuous
+    workers; with ``unpickling``, the workers' passes may unpickle no segment whole (``values_at`` may)."""
     t = Topology("columns")
     t.inject("events", injectors.records(events[:1], timestamp="ts"))
     if typed:
         t.stream("events", schema=SCHEMA)
     t.add(cls, inputs={"events": key_by("key")}, outputs=["sums"], shards=3, late="deliver")
-    store = open_store(f"sqlite:///{tmp_path}/{cls.__name__}-{typed}.db")
+    store = open_store(f"sqlite:///{tmp_path}/{cls.__name__}-{typed}-{slots}.db")
     store.register(cls.__name__, 3)
     for stream in t.streams():
         store.declare_stream(stream, *producers_of(t, stream, CONTINUOUS))
-    worker = Worker(store, plans_of(t), "w", 0, 1, lease_ms=600_000)
-    worker.maintain_leases()
+    workers = [Worker(store, plans_of(t), f"w{slot}", slot, slots, lease_ms=600_000) for slot in range(slots)]
+    for worker in workers:
+        worker.maintain_leases()
     half = len(events) // 2
     for batch, (chunk, watermark) in enumerate([(events[:half], 12_000), (events[half:], 13_000), (LATE, 13_000),
                                                  ([], END_OF_TIME)], start=1):
@@ -191,14 +192,16 @@ def worker_run(tmp_path: Path, cls: type, typed: bool, events: list[dict[str, An
         store.publish(INJECTOR, batch, {"events": records}, watermark, str(batch), t.schemas)
         if unpickling is not None:
             unpickling.setattr(DecodedSegment, "values", property(no_unpickling))
-        while worker.step():
-            pass
+        for worker in workers:
+            while worker.step():
+                pass
         if unpickling is not None:
             unpickling.undo()
     out = sorted((r.value["key"], r.value["end"], r.value["sum"])
                  for shard in range(3) for _, r in store.read_segments("sums", interval_producer(cls.__name__, shard), 0, 99))
     counters = store.counters(cls.__name__)
-    worker.release_all()
+    for worker in workers:
+        worker.release_all()
     store.close()
     return {"out": out, "records": counters["records"], "late": counters["late_delivered"]}
 
@@ -214,6 +217,14 @@ def test_a_worker_folds_a_typed_stream_from_its_columns_and_gets_what_it_gets_re
     assert by_records["out"] == sorted((k, w, s) for (k, w), s in oracle.items())
     assert (by_records["records"], by_records["late"]) == (len(EVENTS) + len(LATE), len(LATE))  # late: delivered
     assert worker_run(tmp_path, cls, typed=True, events=EVENTS, unpickling=monkeypatch) == by_records
+
+
+@pytest.mark.parametrize("cls", [Sum, Count])
+def test_workers_that_each_hold_some_intervals_fold_a_segment_of_every_interval(tmp_path: Path, cls: type) -> None:
+    # the injector's segments are not routed (published before any plan), so each of the two
+    # workers reads every record and folds those of the intervals it holds, and only those
+    one = worker_run(tmp_path, cls, typed=True, events=EVENTS)
+    assert worker_run(tmp_path, cls, typed=True, events=EVENTS, slots=2) == one
 
 
 def test_a_record_without_the_field_is_folded_record_by_record_and_fails_as_it_would_there(tmp_path: Path) -> None:
