@@ -283,14 +283,25 @@ class Worker:
 
     def _reports(self, moved: list[tuple[IntervalPlan, Group, dict[str, int], int]]) -> list[QuietReport]:
         """One report per computation and sequencer whose quiet intervals moved since the last one:
-        every interval held under it that committed nothing since is at these positions."""
-        out = []
+        every interval held under it that committed nothing since is at these positions. Where
+        groups at different positions share a sequencer (a claim took intervals that stood at
+        different places), the report holds what all of them reached: each producer's lowest
+        position and the lowest watermark (the report's row is one per computation and sequencer)."""
+        merged: dict[tuple[str, int], tuple[dict[str, int], int]] = {}
         for plan, group, target, watermark in moved:
-            for sequencer in sorted(group.sequencers):
-                key, state = (plan.name, sequencer), (target, watermark)
-                if self._reported.get(key) != state:
-                    self._reported[key] = state
-                    out.append(QuietReport(plan.name, sequencer, target, watermark, watermark))
+            for sequencer in group.sequencers:
+                key = (plan.name, sequencer)
+                if key in merged:
+                    positions, low = merged[key]
+                    merged[key] = ({p: min(b, positions[p]) if p in positions else b for p, b in target.items()}
+                                   | {p: b for p, b in positions.items() if p not in target}, min(low, watermark))
+                else:
+                    merged[key] = (dict(target), watermark)
+        out = []
+        for key, state in sorted(merged.items()):
+            if self._reported.get(key) != state:
+                self._reported[key] = state
+                out.append(QuietReport(key[0], key[1], state[0], state[1], state[1]))
         return out
 
     def _read(self, plan: IntervalPlan, group: Group, heads: Mapping[str, Head]) -> GroupRead:

@@ -27,6 +27,8 @@ class OutcomeWrites(BusQueries):
         shard) order so that two writers never deadlock, and say which commits the store must
         refuse: fenced (a newer sequencer holds the interval) or stale (exactly-once, and the
         interval's version is no longer the batch's base)."""
+        if not commits:
+            return []
         wanted: dict[str, set[int]] = {}
         for c in commits:
             wanted.setdefault(c.computation, set()).add(c.shard)

@@ -130,7 +130,7 @@ class PostgresStore(SQLStore):
             self._x(sql, rows[0])
         elif rows:
             one_row = _ONE_ROW_INSERT.match(sql)
-            if one_row is None:
+            if one_row is None or "?" in one_row.group(3):  # a parameter after the row: not repeatable
                 with self._db.cursor() as cur:
                     cur.executemany(self._translate(sql), rows)
                 return

@@ -18,6 +18,8 @@ from .segments import PIECE_SLOT, segment_rows
 
 __all__ = ["ShardQueries", "WEAK_SLOT"]
 
+DUE_TIMER_PAIRS = 200  # (computation, watermark) pairs per statement of ``due_timer_shards``
+
 WEAK_SLOT = 1 << 20  # segment slots of weak-production resends: shard + k * WEAK_SLOT (shards < WEAK_SLOT)
 
 
@@ -136,16 +138,16 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
 
     def due_timer_shards(self, wanted: Sequence[tuple[str, int]], wall_clock: int) -> list[list[int]]:
         """``shards_with_due_timers`` of each (computation, watermark), in one statement."""
-        if not wanted:
-            return []
-        parts = [f"SELECT {i}, shard FROM timers WHERE computation = ? AND domain = 'watermark' AND timestamp <= ? "
-                 f"UNION SELECT {i}, shard FROM timers WHERE computation = ? AND domain = 'wall' AND timestamp <= ?"
-                 for i in range(len(wanted))]
         out: list[list[int]] = [[] for _ in wanted]
-        for i, shard in self._all(" UNION ".join(parts) + " ORDER BY 1, 2",
-                                  [x for computation, watermark in wanted
-                                   for x in (computation, watermark, computation, wall_clock)]):
-            out[int(i)].append(int(shard))
+        for at in range(0, len(wanted), DUE_TIMER_PAIRS):  # SQLite allows 500 terms in a compound SELECT
+            chunk = wanted[at:at + DUE_TIMER_PAIRS]
+            parts = [f"SELECT {at + i}, shard FROM timers WHERE computation = ? AND domain = 'watermark' AND "
+                     f"timestamp <= ? UNION SELECT {at + i}, shard FROM timers WHERE computation = ? AND "
+                     "domain = 'wall' AND timestamp <= ?" for i in range(len(chunk))]
+            for i, shard in self._all(" UNION ".join(parts) + " ORDER BY 1, 2",
+                                      [x for computation, watermark in chunk
+                                       for x in (computation, watermark, computation, wall_clock)]):
+                out[int(i)].append(int(shard))
         return out
 
     def next_wall_timer(self, computation: str, shards: list[int] | None = None) -> int | None:

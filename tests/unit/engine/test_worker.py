@@ -233,3 +233,18 @@ def test_a_segments_rows_go_to_the_owned_shards_in_order_however_many_it_owns(si
     either way each owned shard gets exactly its rows, in order (None: a rejected record)."""
     got = {s: rows for s, rows in rows_by_shard(sids, owned).items() if rows}
     assert got == {s: [i for i, x in enumerate(sids) if x == s] for s in owned if s in sids}
+
+
+def test_groups_that_share_a_sequencer_make_one_quiet_report_of_what_all_of_them_reached() -> None:
+    # a claim took intervals that stood at different positions: two groups, one sequencer, and
+    # the store keeps one report row per (computation, sequencer)
+    from types import SimpleNamespace
+
+    from headrace.engine.batch import QuietReport
+
+    worker = SimpleNamespace(_reported={})
+    plan = SimpleNamespace(name="C")
+    ahead, behind = SimpleNamespace(sequencers={7}), SimpleNamespace(sequencers={7})
+    moved = [(plan, ahead, {"p": 5, "q": 3}, 100), (plan, behind, {"p": 4, "q": 9, "r": 1}, 80)]
+    assert Worker._reports(worker, moved) == [QuietReport("C", 7, {"p": 4, "q": 3, "r": 1}, 80, 80)]  # type: ignore[arg-type]
+    assert Worker._reports(worker, moved) == []  # type: ignore[arg-type]  # nothing moved since: no report

@@ -342,6 +342,9 @@ def test_due_timer_shards_answers_each_computation_and_watermark_in_one_read(sto
     assert store.due_timer_shards([], 0) == []
     assert store.due_timer_shards([(C, 99), ("other", 10), (C, 100)], 49) == [[], [0], [1]]
     assert store.due_timer_shards([(C, 100), ("other", 9)], 50) == [[1, 2], []]
+    many = store.due_timer_shards([(C, 99)] * 300 + [(C, 100)], 49)  # more pairs than one statement takes
+    assert many == [[]] * 300 + [[1]]
+    assert store.commit_shards([]) == []
 
 
 def test_quiet_snapshots_are_load_shard_without_keys_and_leave_out_intervals_with_a_due_timer(store: Any) -> None:
