@@ -36,16 +36,10 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
         due timers come in one statement, a snapshot of its own, without a read transaction (one
         round trip instead of four on PostgreSQL); only when a timer is due is its state read, in
         the transaction below."""
-        if not keys:
-            rows = self._all(
-                "SELECT s.version, s.output_watermark, s.sequencer, t.key FROM shards s LEFT JOIN timers t "
-                "ON t.computation = s.computation AND t.shard = s.shard AND "
-                "((t.domain = 'watermark' AND t.timestamp <= ?) OR (t.domain = 'wall' AND t.timestamp <= ?)) "
-                "WHERE s.computation = ? AND s.shard = ? LIMIT 1", (watermark, wall_clock, computation, shard))
-            if rows and rows[0][3] is None:  # no timer due: nothing else to read
-                version, output_watermark, sequencer = rows[0][:3]
-                return ShardSnapshot(version=version, states={}, due_timers=[], output_watermark=output_watermark,
-                                     sequencer=sequencer)
+        if not keys:  # no timer due: nothing else to read
+            quiet = self.quiet_snapshots([(computation, shard, watermark)], wall_clock).get((computation, shard))
+            if quiet is not None:
+                return quiet
         with self._transaction(self.BEGIN_READ):
             row = self._one("SELECT version, output_watermark, sequencer FROM shards WHERE computation = ? AND "
                             "shard = ?", (computation, shard))
