@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,45 +51,57 @@ class Count(Computation):
 
 def topology(bootstrap: str, source: str, sink: str) -> Topology:
     t = Topology("kafkalatency")
-    t.inject("events", injectors.kafka(source, bootstrap, batch_size=100, poll_s=0.002, idle_ms=1_000))
+    # max_delay_ms: at the start every partition is empty and soon idle, so the first partition to
+    # bring records moves the watermark; another's, fetched a little later, may be up to ~200 ms
+    # older: late, and the stage drops late records (its default)
+    t.inject("events", injectors.kafka(source, bootstrap, batch_size=100, poll_s=0.002, idle_ms=1_000,
+                                       max_delay_ms=500))
     t.add(Count, inputs={"events": key_by("user")}, outputs=["counted"], shards=2)
     t.sink("counted", kafka=sink, bootstrap_servers=bootstrap)
     return t
 
 
-def produce(bootstrap: str, topic: str, rate: float, seconds: float, stop: threading.Event) -> int:
+def produce(bootstrap: str, topic: str, rate: float, seconds: float, sent: Any) -> None:
+    """In its own process: ``rate`` records a second for ``seconds``; their count into ``sent``."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
     started, n = time.monotonic(), 0
-    while not stop.is_set() and time.monotonic() - started < seconds:
+    while time.monotonic() - started < seconds:
         due = int((time.monotonic() - started) * rate)
         while n < due:
             producer.produce(topic, json.dumps({"user": USERS[n % len(USERS)], "n": n}).encode(),
                              key=USERS[n % len(USERS)].encode())
             n += 1
         producer.poll(0)
-        stop.wait(0.001)
+        time.sleep(0.001)  # pacing the load, not ordering anything
     producer.flush(30)
-    return n
+    sent.value = n
 
 
-def consume(bootstrap: str, topic: str, seen: list[tuple[float, int, int]], stop: threading.Event) -> None:
-    """Per output record: (wall clock ms when read, its headrace.timestamp, its n)."""
+def consume(bootstrap: str, topic: str, out: str, distinct: Any, stop: Any) -> None:
+    """In its own process: per output record, (wall clock ms when read, its headrace.timestamp, its
+    n), written to ``out`` as JSON once ``stop`` is set; how many distinct n so far in ``distinct``."""
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-latency-bench", "fetch.wait.max.ms": 5,
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                          "enable.auto.commit": False})
     consumer.subscribe([topic])
+    seen: list[tuple[float, int, int]] = []
+    ns: set[int] = set()
     try:
         while not stop.is_set():
             for m in consumer.consume(500, 0.01):
                 if m.error() is None:
                     headers = dict(m.headers() or [])
-                    seen.append((time.time() * 1000, int(headers["headrace.timestamp"]), json.loads(m.value())["n"]))
+                    n = json.loads(m.value())["n"]
+                    seen.append((time.time() * 1000, int(headers["headrace.timestamp"]), n))
+                    ns.add(n)
+            distinct.value = len(ns)
     finally:
         consumer.close()
+        Path(out).write_text(json.dumps(seen))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -98,34 +109,85 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def stages(store_url: str, seen: list[tuple[float, int, int]], since: int) -> dict[str, list[float]]:
+    """Where the time went, per result read after ``since``, from the store's journal (each batch's
+    commit time): produce -> injected (the injector's batch committed), -> counted (the stage's
+    batch committed), -> visible (read by the consumer)."""
+    from headrace import read
+    from headrace.store import open_store
+
+    db = open_store(store_url, read_only=True)
+    try:
+        committed: dict[tuple[str, int], int] = {}
+
+        def commit_time(producer: str, batch: int) -> int:
+            if (producer, batch) not in committed:
+                info = db.batch_info(producer, batch)
+                committed[(producer, batch)] = info.completed_at if info is not None else 0
+            return committed[(producer, batch)]
+
+        injected: dict[int, int] = {}
+        head = db.latest_batch("inject:events")
+        for batch in range(1, (head.batch if head is not None else 0) + 1):
+            for _, r in db.read_segments("events", "inject:events", batch - 1, batch):
+                injected[r.value["n"]] = commit_time("inject:events", batch)
+        counted = {}
+        for r in read("counted", store_url):
+            _, shard, batch, _ = r.id.split(":")  # a production's id: computation:interval:batch:index
+            counted[r.value["n"]] = commit_time(f"Count/{shard}", int(batch))
+    finally:
+        db.close()
+    out: dict[str, list[float]] = {"produce -> injected": [], "injected -> counted": [], "counted -> visible": []}
+    for at, ts, n in seen:
+        if ts >= since and n in injected and n in counted:
+            out["produce -> injected"].append(injected[n] - ts)
+            out["injected -> counted"].append(counted[n] - injected[n])
+            out["counted -> visible"].append(at - counted[n])
+    return out
+
+
 def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: float, settle: float) -> dict[str, Any]:
+    """The producer and the consumer run in processes of their own, as a user's would: in threads
+    of the driver they took the driver's interpreter lock from its sink and its injector."""
+    import multiprocessing
     import tempfile
 
     source, sink = broker.create_topic(partitions=3), broker.create_topic(partitions=3)
     assert broker.bootstrap_servers is not None
-    store = f"sqlite:///{tempfile.mkdtemp(prefix='kafka-latency-')}/store.db"
+    workdir = tempfile.mkdtemp(prefix="kafka-latency-")
+    store = f"sqlite:///{workdir}/store.db"
     runner_cls = ContinuousRunner if mode == "continuous" else MicroBatchRunner
     runner = runner_cls(topology(broker.bootstrap_servers, source, sink), store, spark=spark, progress=None).start()
-    seen: list[tuple[float, int, int]] = []
-    stop = threading.Event()
-    reader = threading.Thread(target=consume, args=(broker.bootstrap_servers, sink, seen, stop), daemon=True)
+    spawn = multiprocessing.get_context("spawn")
+    sent, distinct, stop = spawn.Value("q", -1), spawn.Value("q", 0), spawn.Event()
+    out = f"{workdir}/seen.json"
+    reader = spawn.Process(target=consume, args=(broker.bootstrap_servers, sink, out, distinct, stop), daemon=True)
+    writer = spawn.Process(target=produce, args=(broker.bootstrap_servers, source, rate, settle + seconds, sent),
+                           daemon=True)
     reader.start()
+    writer.start()
     try:
-        sent = produce(broker.bootstrap_servers, source, rate, settle + seconds, stop)
+        while writer.is_alive() or sent.value < 0:
+            runner.check()
+            writer.join(0.1)
+            if writer.exitcode not in (None, 0):
+                raise RuntimeError(f"the producer process failed (exit code {writer.exitcode})")
         deadline = time.monotonic() + 60
-        while len({n for _, _, n in seen}) < sent and time.monotonic() < deadline:
+        while distinct.value < sent.value and time.monotonic() < deadline:
             runner.check()
             time.sleep(0.1)
     finally:
         stop.set()
-        reader.join(10)
+        reader.join(30)
         runner.stop()
+    seen = [tuple(row) for row in json.loads(Path(out).read_text())] if Path(out).exists() else []
     first = min(ts for _, ts, _ in seen) if seen else 0
-    latencies = [at - ts for at, ts, _ in seen if ts - first >= settle * 1000]
+    since = first + int(settle * 1000)
+    latencies = [at - ts for at, ts, _ in seen if ts >= since]
     ns = [n for _, _, n in seen]
-    return {"mode": mode, "sent": sent, "received": len(ns), "distinct": len(set(ns)), "measured": len(latencies),
+    return {"mode": mode, "sent": sent.value, "received": len(ns), "distinct": len(set(ns)), "measured": len(latencies),
             "p50": percentile(latencies, 0.50), "p90": percentile(latencies, 0.90),
-            "p99": percentile(latencies, 0.99), "max": max(latencies)}
+            "p99": percentile(latencies, 0.99), "max": max(latencies), "stages": stages(store, seen, since)}
 
 
 def main() -> None:
@@ -154,6 +216,9 @@ def main() -> None:
               f"{r['measured']} measured; {r['sent']} sent, {r['distinct']} distinct out of {r['received']} read")
         ok = "met" if r["p99"] <= TARGET_P99 else "NOT met"
         print(f"  target p99 <= {TARGET_P99:.0f} ms: {ok}; p99 is {r['p99'] / ANCHOR['p99']:.2f}x the anchor's")
+        for name, values in r["stages"].items():
+            print(f"  {name:32} {percentile(values, 0.5):7.1f} {percentile(values, 0.9):7.1f} "
+                  f"{percentile(values, 0.99):7.1f} {max(values):7.1f}")
         if r["distinct"] != r["sent"] or r["received"] != r["sent"]:
             print(f"  exactly-once check FAILED: {r['sent']} sent, {r['received']} read, {r['distinct']} distinct")
 

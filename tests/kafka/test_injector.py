@@ -117,6 +117,21 @@ def test_an_idle_partition_stops_holding_the_watermark_and_its_late_records_are_
     assert late_records(got[-1].checkpoint) == 1
 
 
+def test_a_partition_behind_is_not_idle_however_long_it_was_silent(kafka_broker: Any) -> None:
+    """Every reading of the clock here is past ``idle_ms``, as when a partition's first fetch comes a
+    second after another's: a partition with records not read yet must still hold the watermark, so
+    none of its records is late, whichever partition the consumer reads first."""
+    topic = kafka_broker.create_topic(partitions=2)
+    produce(kafka_broker, topic, [(0, json.dumps({"ts": 1_000 + i}).encode(), 0) for i in range(5)]
+            + [(1, json.dumps({"ts": ts}).encode(), 0) for ts in (500, 501, 502, 503, 2_000)])
+    source = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", batch_size=1, idle_ms=1_000,
+                             clock=Clock(step=10_000))
+    got = take(source.batches(None), lambda got: len(values(got)) == 10)
+    assert sorted(v["ts"] for v in values(got)) == [500, 501, 502, 503, *range(1_000, 1_005), 2_000]
+    assert late_records(got[-1].checkpoint) == 0
+    assert all(ts >= b.watermark for b in got for _, ts, _ in b.records)
+
+
 @pytest.mark.parametrize("deserializer, raw, expected", [
     ("bytes", b"\x00\x01", b"\x00\x01"), ("utf-8", "zeitgeist".encode(), "zeitgeist"),
     ("json", b'{"q": 1}', {"q": 1}), (lambda raw: raw[::-1], b"abc", b"cba")])

@@ -13,8 +13,10 @@ Timestamps: the record's Kafka timestamp (``timestamp=None``), or a field or fun
 decoded value. A partition's watermark is its newest timestamp less ``max_delay_ms``; the part's is
 the minimum over its partitions that are not idle, and never moves back.
 
-Idle partitions: a partition with no record for ``idle_ms`` (by ``clock``) stops holding the
-watermark back; when every partition is idle the watermark is the highest of theirs. A record that
+Idle partitions: a partition read to its end (the broker said so) with no record for ``idle_ms`` (by
+``clock``) stops holding the watermark back; when every partition is idle the watermark is the highest
+of theirs. A partition with records not read yet is behind, not idle, however long it has been silent
+(at the start, the first fetch of a partition can come a second after another's). A record that
 then arrives behind the published watermark is late: it is still injected (the consumers' ``late=``
 option decides, and counts, what they do with it) and the part counts it in its resume state
 (``late``), so none vanishes silently.
@@ -128,7 +130,7 @@ class KafkaPart(Injector):
                     p = message.partition()
                     at_end.discard(p)
                     self._take(message, state[p], published, records, dead)
-                mark = self._watermark(state, published)
+                mark = self._watermark(state, published, at_end)
                 done = self.bounded and state and at_end >= set(state)
                 if done:
                     mark = END_OF_TIME
@@ -159,10 +161,10 @@ class KafkaPart(Injector):
         part.high = ts if part.high is None or ts > part.high else part.high
         records.append((value, ts, rid))
 
-    def _watermark(self, state: dict[int, _Partition], published: int) -> int:
+    def _watermark(self, state: dict[int, _Partition], published: int, at_end: set[int]) -> int:
         now = self.clock()
         marks = {p: (s.high - self.max_delay_ms if s.high is not None else BEGINNING_OF_TIME) for p, s in state.items()}
-        active = [marks[p] for p, s in state.items() if now - s.seen_at < self.idle_ms]
+        active = [marks[p] for p, s in state.items() if p not in at_end or now - s.seen_at < self.idle_ms]
         if not marks:
             return published
         mark = min(active) if active else max(marks.values())
