@@ -1,17 +1,20 @@
 """Kafka -> one keyed exactly-once stage -> Kafka: how long from a record's produce to its result
 being visible to a ``read_committed`` consumer of the output topic, at a steady rate.
 
-    .venv/bin/python bench/kafka_latency.py [--rate 2000] [--seconds 30] [--mode continuous] [--bootstrap host:port]
+    .venv/bin/python bench/kafka_latency.py [--rate 2000] [--seconds 30] [--linger-ms 5] [--mode continuous]
+                                            [--bootstrap host:port]
 
 A real broker (KRaft, one node on 127.0.0.1, started here from scripts/ensure-kafka's jars unless
-``--bootstrap`` names one). A producer thread sends ``--rate`` JSON records a second to the input
-topic (3 partitions, ``linger.ms=0``); librdkafka stamps each with its create time (``--rate``
-is held by a pacer, not sleeps per record). headrace reads them with ``injectors.kafka`` (their
-Kafka timestamp as the event time), one keyed stage (exactly-once state and strong productions)
-counts each user's records and produces one result per record, and the Kafka sink writes the
-results in Kafka transactions (each with its ledger). A ``read_committed`` consumer of the output
-topic notes, per result, the wall clock minus its ``headrace.timestamp`` header (the input's
-produce time): produce to visible. The first ``--settle`` seconds are left out.
+``--bootstrap`` names one). A producer process sends ``--rate`` JSON records a second to the input
+topic (3 partitions, ``linger.ms`` of ``--linger-ms``, librdkafka's default 5 unless given; the
+latency counts the linger); librdkafka stamps each with its create time (``--rate`` is held by a
+pacer, not sleeps per record). headrace reads them with ``injectors.kafka`` (their Kafka timestamp
+as the event time), one keyed stage (exactly-once state and strong productions) counts each user's
+records and produces one result per record, and the Kafka sink writes the results in Kafka
+transactions (each with its ledger). A ``read_committed`` consumer process of the output topic
+notes, per result, the wall clock minus its ``headrace.timestamp`` header (the input's produce
+time): produce to visible. The first ``--settle`` seconds are left out. Then the store's journal
+says where the time went: produce -> injected -> counted (each batch's commit) -> visible.
 
 The anchor is Spark 4.3's real-time mode with the JVM ``transformWithState``, Kafka to Kafka,
 by Spark's own benchmark (connector/kafka-0-10-sql/benchmarks): p50 104 ms, p99 141 ms. It ran
@@ -51,21 +54,17 @@ class Count(Computation):
 
 def topology(bootstrap: str, source: str, sink: str) -> Topology:
     t = Topology("kafkalatency")
-    # max_delay_ms: at the start every partition is empty and soon idle, so the first partition to
-    # bring records moves the watermark; another's, fetched a little later, may be up to ~200 ms
-    # older: late, and the stage drops late records (its default)
-    t.inject("events", injectors.kafka(source, bootstrap, batch_size=100, poll_s=0.002, idle_ms=1_000,
-                                       max_delay_ms=500))
+    t.inject("events", injectors.kafka(source, bootstrap, batch_size=100, poll_s=0.002, idle_ms=1_000))
     t.add(Count, inputs={"events": key_by("user")}, outputs=["counted"], shards=2)
     t.sink("counted", kafka=sink, bootstrap_servers=bootstrap)
     return t
 
 
-def produce(bootstrap: str, topic: str, rate: float, seconds: float, sent: Any) -> None:
+def produce(bootstrap: str, topic: str, rate: float, seconds: float, linger_ms: int, sent: Any) -> None:
     """In its own process: ``rate`` records a second for ``seconds``; their count into ``sent``."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True})
     started, n = time.monotonic(), 0
     while time.monotonic() - started < seconds:
         due = int((time.monotonic() - started) * rate)
@@ -146,7 +145,8 @@ def stages(store_url: str, seen: list[tuple[float, int, int]], since: int) -> di
     return out
 
 
-def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: float, settle: float) -> dict[str, Any]:
+def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: float, settle: float,
+            linger_ms: int) -> dict[str, Any]:
     """The producer and the consumer run in processes of their own, as a user's would: in threads
     of the driver they took the driver's interpreter lock from its sink and its injector."""
     import multiprocessing
@@ -162,8 +162,8 @@ def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: fl
     sent, distinct, stop = spawn.Value("q", -1), spawn.Value("q", 0), spawn.Event()
     out = f"{workdir}/seen.json"
     reader = spawn.Process(target=consume, args=(broker.bootstrap_servers, sink, out, distinct, stop), daemon=True)
-    writer = spawn.Process(target=produce, args=(broker.bootstrap_servers, source, rate, settle + seconds, sent),
-                           daemon=True)
+    writer = spawn.Process(target=produce, daemon=True,
+                           args=(broker.bootstrap_servers, source, rate, settle + seconds, linger_ms, sent))
     reader.start()
     writer.start()
     try:
@@ -196,15 +196,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--settle", type=float, default=5)
     parser.add_argument("--mode", default="continuous", help="continuous, microbatch, or both, comma-separated")
+    parser.add_argument("--linger-ms", type=int, default=5,
+                        help="the input producer's linger.ms (librdkafka's default, 5; the latency counts it)")
     parser.add_argument("--bootstrap", default=None, help="a running broker (else one is started here)")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     broker = KafkaBroker(args.bootstrap).start()
     spark = spark_session("local[2]", app_name="kafka-latency", conf={"spark.ui.enabled": "false"})
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; rate {args.rate:.0f}/s, "
-          f"{args.seconds:.0f} s measured after {args.settle:.0f} s")
+          f"{args.seconds:.0f} s measured after {args.settle:.0f} s; input producer linger.ms {args.linger_ms}")
     try:
-        results = [measure(broker, spark, mode, args.rate, args.seconds, args.settle) for mode in args.mode.split(",")]
+        results = [measure(broker, spark, mode, args.rate, args.seconds, args.settle, args.linger_ms)
+                   for mode in args.mode.split(",")]
     finally:
         spark.stop()
         broker.stop()

@@ -132,6 +132,23 @@ def test_a_partition_behind_is_not_idle_however_long_it_was_silent(kafka_broker:
     assert all(ts >= b.watermark for b in got for _, ts, _ in b.records)
 
 
+def test_a_partition_read_to_its_end_that_got_records_since_is_not_idle(kafka_broker: Any) -> None:
+    """Partition 1 was read to its end (empty) and stays silent past ``idle_ms``; then records
+    reach it and partition 0. The end-of-partition event is older than those records, which
+    ``consume`` may hand out after partition 0's: partition 1 must hold the watermark until they
+    are read, so none of them is late, whichever order they come in."""
+    topic = kafka_broker.create_topic(partitions=2)
+    produce(kafka_broker, topic, [(0, json.dumps({"ts": 100}).encode(), 0)])
+    batches = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", batch_size=1, idle_ms=1_000,
+                              clock=Clock(step=10_000)).batches(None)
+    got = take(batches, lambda got: len(values(got)) == 1)
+    produce(kafka_broker, topic, [(1, json.dumps({"ts": ts}).encode(), 0) for ts in (500, 501, 502, 503, 2_000)])
+    produce(kafka_broker, topic, [(0, json.dumps({"ts": 1_000 + i}).encode(), 0) for i in range(5)])
+    got += take(batches, lambda new: len(values(new)) == 10)
+    assert sorted(v["ts"] for v in values(got)) == [100, 500, 501, 502, 503, *range(1_000, 1_005), 2_000]
+    assert late_records(got[-1].checkpoint) == 0
+
+
 @pytest.mark.parametrize("deserializer, raw, expected", [
     ("bytes", b"\x00\x01", b"\x00\x01"), ("utf-8", "zeitgeist".encode(), "zeitgeist"),
     ("json", b'{"q": 1}', {"q": 1}), (lambda raw: raw[::-1], b"abc", b"cba")])

@@ -13,13 +13,13 @@ Timestamps: the record's Kafka timestamp (``timestamp=None``), or a field or fun
 decoded value. A partition's watermark is its newest timestamp less ``max_delay_ms``; the part's is
 the minimum over its partitions that are not idle, and never moves back.
 
-Idle partitions: a partition read to its end (the broker said so) with no record for ``idle_ms`` (by
-``clock``) stops holding the watermark back; when every partition is idle the watermark is the highest
-of theirs. A partition with records not read yet is behind, not idle, however long it has been silent
-(at the start, the first fetch of a partition can come a second after another's). A record that
-then arrives behind the published watermark is late: it is still injected (the consumers' ``late=``
-option decides, and counts, what they do with it) and the part counts it in its resume state
-(``late``), so none vanishes silently.
+Idle partitions: a partition read to its end (the broker, asked then, holds nothing past what was
+read) with no record for ``idle_ms`` (by ``clock``) stops holding the watermark back; when every
+partition is idle the watermark is the highest of theirs. A partition with records not read yet is
+behind, not idle, however long it has been silent (at the start, the first fetch of a partition can
+come a second after another's). A record that then arrives behind the published watermark is late:
+it is still injected (the consumers' ``late=`` option decides, and counts, what they do with it)
+and the part counts it in its resume state (``late``), so none vanishes silently.
 
 Values are decoded by ``deserializer`` (``"bytes"``, ``"utf-8"``, ``"json"`` or a function of the
 bytes); a record that cannot be decoded, or that has no usable timestamp field, goes to the stream's
@@ -37,6 +37,8 @@ from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from . import InjectedBatch, Injector, Several, timestamper, wall_clock_ms
 
 __all__ = ["KafkaPart", "kafka", "late_records", "DESERIALIZERS"]
+
+END_LOOK_MS = 10  # how long the broker's answer about a partition's end is taken as still true
 
 DESERIALIZERS: dict[str, Callable[[bytes], Any]] = {
     "bytes": lambda raw: raw,
@@ -79,6 +81,7 @@ class KafkaPart(Injector):
         self.stamp = None if timestamp is None else timestamper(timestamp, clock)
         self.max_delay_ms, self.idle_ms, self.discover_ms = max_delay_ms, idle_ms, discover_ms
         self.batch_size, self.poll_s, self.bounded, self.clock = batch_size, poll_s, bounded, clock
+        self._ends: dict[int, tuple[int, int, int]] = {}  # partition: (asked at, low, high offsets)
 
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
@@ -130,7 +133,7 @@ class KafkaPart(Injector):
                     p = message.partition()
                     at_end.discard(p)
                     self._take(message, state[p], published, records, dead)
-                mark = self._watermark(state, published, at_end)
+                mark = self._watermark(consumer, state, published, at_end)
                 done = self.bounded and state and at_end >= set(state)
                 if done:
                     mark = END_OF_TIME
@@ -161,14 +164,36 @@ class KafkaPart(Injector):
         part.high = ts if part.high is None or ts > part.high else part.high
         records.append((value, ts, rid))
 
-    def _watermark(self, state: dict[int, _Partition], published: int, at_end: set[int]) -> int:
-        now = self.clock()
+    def _watermark(self, consumer: Any, state: dict[int, _Partition], published: int, at_end: set[int]) -> int:
         marks = {p: (s.high - self.max_delay_ms if s.high is not None else BEGINNING_OF_TIME) for p, s in state.items()}
-        active = [marks[p] for p, s in state.items() if p not in at_end or now - s.seen_at < self.idle_ms]
         if not marks:
             return published
-        mark = min(active) if active else max(marks.values())
-        return max(published, mark)
+        held = max(published, min(marks.values()))  # every partition holding it
+        now = self.clock()
+        silent = [p for p in sorted(at_end) if now - state[p].seen_at >= self.idle_ms]
+        active = [marks[p] for p in state if p not in silent]
+        if not silent or max(published, min(active) if active else max(marks.values())) <= held:
+            return held  # idleness would not move it: no need to ask the broker
+        idle = {p for p in silent if self._ended(consumer, p, state[p], now)}
+        active = [marks[p] for p in state if p not in idle]
+        return max(published, min(active) if active else max(marks.values()))
+
+    def _ended(self, consumer: Any, p: int, part: _Partition, now: int) -> bool:
+        """Whether the broker holds nothing of partition ``p`` past what was read, asked afresh
+        (at most every ``END_LOOK_MS``): the end-of-partition event can be older than records that
+        arrived since, which the consumer has not fetched yet (it fetched another partition's
+        backlog first: the first records of a partition came 2 s late that way, and were late)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        asked = self._ends.get(p)
+        if asked is None or now - asked[0] >= END_LOOK_MS:
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5.0, cached=False)
+            except KafkaException:
+                return False  # unknown: it holds the watermark
+            asked = self._ends[p] = (now, low, high)
+        _, low, high = asked
+        return high <= (part.offset if part.offset >= 0 else low)
 
     def _checkpoint(self, state: dict[int, _Partition], watermark: int) -> str:
         return json.dumps({"partitions": {str(p): [s.offset, s.high, s.late] for p, s in sorted(state.items())},
