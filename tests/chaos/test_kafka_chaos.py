@@ -4,7 +4,8 @@ both modes, with the driver and the workers SIGKILLed again and again, some of t
 sink's commit: the Kafka sink's transaction (the ``sink_commit`` failpoint: records and ledger
 sent, not committed) or the Delta sink's write (``lake_commit``: data files being written, no
 version committed). A ``read_committed`` consumer of the output topic and the Delta table (read
-with ``deltalake``) must each hold every input record exactly once.
+with ``deltalake``) must each hold every input record exactly once, and each producer's Delta
+application transaction must be the last of its batches the table holds.
 
 CI runs three kills (one inside each sink's commit, one worker) in continuous mode; ``scripts/test
 --long tests/chaos`` runs three in micro-batch mode too, and twelve a mode (four inside a sink
@@ -30,6 +31,9 @@ from typing import Any, Callable
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
+
+from headrace.lake import batches_of
+from headrace.names import lake_app_id
 
 from ..ci import long_only
 from ..kafka.sinks import read_topic
@@ -228,6 +232,10 @@ def kafka_chaos(broker: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple
     for kind, ns in held.items():
         doubled = sorted(x for x, c in Counter(ns).items() if c > 1)
         assert sorted(set(ns)) == list(range(n)) and not doubled, (kind, doubled[:10], sorted(set(range(n)) - set(ns))[:10])
+    # the Delta sink's application transaction of each producer is the last of its batches the table holds
+    table = DeltaTable(sinks["delta"])
+    last = batches_of(table.to_pyarrow_table(columns=["producer", "batch"]))
+    assert last and {p: table.transaction_version(lake_app_id("delta-out", p)) for p in last} == last
     late = [m for m in read_topic(broker.bootstrap_servers, monkey.input) if m.partition == 3]
     assert late, "nothing was sent to the partition added mid-run"  # and the oracle above holds its records
     assert sum(monkey.kills.values()) >= kills, monkey.kills
