@@ -1,5 +1,6 @@
 """The pipeline the Kafka chaos test kills: a Kafka topic (several partitions, more added while it
-runs) -> two keyed stages -> the sinks named on the command line. Add a sink by adding an entry to
+runs) -> two keyed stages -> the sinks named on the command line (the test names a Kafka sink and
+a Delta sink). Add a sink by adding an entry to
 ``SINKS`` (how to declare it) and one to ``test_kafka_chaos.READERS`` (how to read it back).
 
 As a script it is one driver life, running until killed:
@@ -32,9 +33,10 @@ class Bucket(Computation):
         ctx.produce("out", {**record.value, "bucket": ctx.key})
 
 
-SINKS: dict[str, Callable[[Topology, str, str], None]] = {
+SINKS: dict[str, Callable[[Topology, str, str], Any]] = {
     "kafka": lambda t, bootstrap, topic: t.sink("out", name="kafka-out", kafka=topic, bootstrap_servers=bootstrap,
                                                 lease_ms=1_000),
+    "delta": lambda t, bootstrap, path: t.sink("out", name="delta-out", delta=path),
 }
 
 

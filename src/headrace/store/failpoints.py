@@ -3,7 +3,9 @@
 ``HEADRACE_FAILPOINTS="before_commit=sleep:200:/tmp/marks"`` makes every store opened in this
 process (and in Spark's Python workers, which inherit the environment) sleep 200 ms at that
 commit step, with a file ``/tmp/marks/<pid>`` present while it sleeps, so a chaos monkey can
-SIGKILL a process that is provably inside a transaction. Several ``step=...`` go with ``;``.
+SIGKILL a process that is provably inside a transaction. Several ``step=...`` go with ``;``; steps
+that may sleep at once in one process (a Kafka sink's and a Delta sink's, both on the driver) need
+a mark directory each, since both markers would be the same ``<pid>`` file.
 """
 
 from __future__ import annotations

@@ -106,6 +106,32 @@ def test_the_marker_exists_exactly_while_the_failpoint_sleeps(sleep: ControlledS
     assert sleep.seconds == [0.2]
 
 
+def test_two_steps_asleep_at_once_in_one_process_each_keep_their_own_marker(sleep: ControlledSleep,
+                                                                            tmp_path: Path) -> None:
+    """As the Kafka chaos test's driver does: its Kafka sink and its Delta sink write from two threads
+    of one process, each sleeping at its own step; a marker is named by pid, so each step has its
+    own directory, and each marker exists while its step sleeps, whatever the other does."""
+    kafka, delta = tmp_path / "kafka", tmp_path / "delta"
+    kafka.mkdir()
+    delta.mkdir()
+    failpoint = made(f"sink_commit=sleep:100:{kafka};lake_commit=sleep:300:{delta}")
+    threads = [threading.Thread(target=failpoint, args=(step,)) for step in ("sink_commit", "lake_commit")]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(sleep.seconds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert sorted(sleep.seconds) == [0.1, 0.3], "both steps asleep"
+        assert [p.name for p in kafka.iterdir()] == [p.name for p in delta.iterdir()] == [str(os.getpid())]
+    finally:
+        sleep.release.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert list(kafka.iterdir()) == list(delta.iterdir()) == []
+
+
 def test_a_real_sleep_lasts_at_least_its_milliseconds(tmp_path: Path) -> None:
     failpoint = made(f"begin=sleep:30:{tmp_path}")
     began = time.monotonic()
