@@ -42,7 +42,7 @@ from .checkpoints import checkpoint_root
 from .kafka_sink import KafkaSink
 from .sinks import SinkQuery, jdbc_jars, start_sinks
 
-__all__ = ["Driver", "RunResult", "claim_mode", "check_start"]
+__all__ = ["Driver", "RunResult", "FailureBudget", "claim_mode", "check_start"]
 
 
 @dataclass
@@ -62,6 +62,20 @@ def claim_mode(store: Store, topology: Topology, mode: str) -> None:
             raise OptionError(f"Topology {topology.name!r} already ran in {found} mode on {store.shown_url} "
                               f"(computation {name!r})", got=mode,
                               hint=f"run it with mode={found!r}, or start it over on a new store")
+
+
+class FailureBudget:
+    """How often a run takes a failure that is not headrace's (a Spark task or a Python process
+    that died) and goes on: ``limit`` in ``window_s`` seconds, then the failure stands."""
+
+    def __init__(self, limit: int = 10, window_s: float = 60.0):
+        self.limit, self.window_s = limit, window_s
+        self.spent: list[float] = []
+
+    def spend(self, now: float) -> bool:
+        """One more failure at ``now`` (monotonic seconds); False once the budget is gone."""
+        self.spent = [t for t in self.spent if now - t < self.window_s] + [now]
+        return len(self.spent) < self.limit
 
 
 def check_start(start: Any) -> None:

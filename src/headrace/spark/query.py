@@ -206,10 +206,19 @@ class ComputationQuery:
         return sum(self.store.segment_records(stream, p, start["b"].get(p, 0), end["b"].get(p, 0))
                    for stream, producers in self.consumer.producers.items() for p in producers)
 
+    def failure(self) -> Any:
+        """The query's failure (a ``StreamingQueryException``), or None while it runs or ran well."""
+        return self.query.exception() if self.query is not None else None
+
+    def headrace_failed(self) -> bool:
+        """Whether headrace raised the failure (user code, bad input, a fence): a restart would
+        meet it again. Otherwise Spark or a process failed under it (a source runner killed)."""
+        return "headrace.errors." in str(self.failure())
+
     def check(self) -> None:
         """Raise the query's failure, if it failed."""
-        if self.query is not None and self.query.exception() is not None:
-            raise _query_error(self.spec.name, self.query.exception())
+        if self.failure() is not None:
+            raise _query_error(self.spec.name, self.failure())
 
     def await_last_progress(self, timeout_s: float = 10.0) -> None:
         """Wait until Spark has reported the progress of the last batch this run handled: Spark posts
