@@ -142,11 +142,31 @@ def test_a_partition_read_to_its_end_that_got_records_since_is_not_idle(kafka_br
     batches = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", batch_size=1, idle_ms=1_000,
                               clock=Clock(step=10_000)).batches(None)
     got = take(batches, lambda got: len(values(got)) == 1)
-    produce(kafka_broker, topic, [(1, json.dumps({"ts": ts}).encode(), 0) for ts in (500, 501, 502, 503, 2_000)])
+    # partition 0's first: the consumer's prefetch hands them out before partition 1's, whose
+    # end-of-partition event is from when it was empty
     produce(kafka_broker, topic, [(0, json.dumps({"ts": 1_000 + i}).encode(), 0) for i in range(5)])
+    produce(kafka_broker, topic, [(1, json.dumps({"ts": ts}).encode(), 0) for ts in (500, 501, 502, 503, 2_000)])
     got += take(batches, lambda new: len(values(new)) == 10)
     assert sorted(v["ts"] for v in values(got)) == [100, 500, 501, 502, 503, *range(1_000, 1_005), 2_000]
     assert late_records(got[-1].checkpoint) == 0
+
+
+def test_a_transactional_partition_read_to_its_end_becomes_idle(kafka_broker: Any) -> None:
+    """Partition 0 is written in a transaction: its commit marker stands after its one record, so
+    the broker's end is past the record's offset + 1 for good. Read to its end and silent, it must
+    still stop holding the watermark."""
+    topic = kafka_broker.create_topic(partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers, "transactional.id": f"{topic}-tx"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, json.dumps({"ts": 100}).encode(), partition=0)
+    producer.commit_transaction(30)
+    batches = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", batch_size=1, idle_ms=1_000,
+                              clock=Clock(step=10_000)).batches(None)
+    got = take(batches, lambda got: len(values(got)) == 1)
+    produce(kafka_broker, topic, [(1, json.dumps({"ts": 6_000 + i}).encode(), 0) for i in range(50)])
+    got = take(batches, lambda got: len(values(got)) == 50)
+    assert got[-1].watermark == 6_049  # partition 0 is idle: partition 1's newest
 
 
 @pytest.mark.parametrize("deserializer, raw, expected", [

@@ -1,6 +1,7 @@
-"""A micro-batch query that fails under headrace (its Python streaming source's runner killed)
-starts again from its checkpoint and the run goes on, as the continuous workers' job is
-resubmitted; a query that headrace failed stays failed (tests/spark/test_poison.py)."""
+"""A micro-batch query that fails under headrace (its Python streaming source's runner killed),
+a computation's or a sink's, starts again from its checkpoint and the run goes on, as the
+continuous workers' job is resubmitted; a query that headrace failed stays failed
+(tests/spark/test_poison.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import pytest
+
 from headrace import Computation, Topology, injectors, key_by, read
+from headrace.errors import UserCodeError
+from headrace.spark.driver import FRUITLESS_RESTARTS, FailureBudget
 from headrace.spark.runner import MicroBatchRunner
 
 from ..chaos.test_chaos import cmdline, descendants
@@ -34,24 +39,27 @@ def wait_for(runner: Any, what: str, done: Any, timeout_s: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_a_query_whose_source_runner_was_killed_starts_again_from_its_checkpoint(spark: Any, store_url: str) -> None:
+def test_queries_whose_source_runners_were_killed_start_again_from_their_checkpoints(spark: Any, store_url: str,
+                                                                                    tmp_path: Any) -> None:
     users = [f"u{i}" for i in range(5)]
     gate = Gate([{"user": users[i % 5], "ts": 1_000 + i} for i in range(50)],
                 [{"user": users[i % 5], "ts": 2_000 + i} for i in range(50)])
     t = Topology("restarts")
     t.inject("events", injectors.records(gate, timestamp="ts", batch_size=25))
     t.add(Count, inputs={"events": key_by("user")}, outputs=["counts"], shards=2)
+    t.sink("counts", format="parquet", path=str(tmp_path / "out"))
     said = io.StringIO()
+    before = set(descendants(os.getpid()))  # runners other tests' queries may have left on the session
     runner = MicroBatchRunner(t, store_url, spark=spark, trigger_ms=100, progress=said, progress_every_s=3600).start()
     try:
         wait_for(runner, "the first records", lambda: len(list(read("counts", store_url))) == 50)
-        runners = [p for p in descendants(os.getpid()) if RUNNER in cmdline(p)]
-        assert runners, [cmdline(p) for p in descendants(os.getpid())]
+        runners = [p for p in descendants(os.getpid()) if RUNNER in cmdline(p) and p not in before]
+        assert len(runners) >= 2, [cmdline(p) for p in descendants(os.getpid())]  # the computation's, the sink's
         for pid in runners:
             os.kill(pid, signal.SIGKILL)
-        wait_for(runner, "the query to start again", lambda: runner.resubmissions >= 1)
+        wait_for(runner, "the queries to start again", lambda: runner.resubmissions >= 2)
         gate.opened.set()
-        wait_for(runner, "the run to drain", runner.drained)
+        runner.wait()
     finally:
         runner.stop()
     counts: defaultdict[str, list[int]] = defaultdict(list)
@@ -59,3 +67,30 @@ def test_a_query_whose_source_runner_was_killed_starts_again_from_its_checkpoint
         counts[r.value["user"]].append(r.value["n"])
     assert {user: sorted(ns) for user, ns in counts.items()} == {user: list(range(1, 21)) for user in users}
     assert "headrace: the query of computation 'Count' failed and starts again from its checkpoint" in said.getvalue()
+    assert "headrace: the query of sink 'counts-file' failed and starts again from its checkpoint" in said.getvalue()
+    rows = spark.read.parquet(str(tmp_path / "out")).select("id").collect()
+    assert len(rows) == 100 and len({r.id for r in rows}) == 100  # the sink holds every record once
+
+
+def test_the_failure_budget_lets_nine_failures_in_a_minute_pass_and_the_tenth_stand() -> None:
+    budget = FailureBudget()
+    assert [budget.spend(t) for t in range(10)] == [True] * 9 + [False]
+    assert budget.spend(100.0)  # a minute later the old ones are forgotten
+
+
+class Exits(Computation):
+    def process_record(self, ctx: Any, record: Any) -> None:
+        os._exit(3)  # the worker process dies under headrace, as a segfault would: no headrace error
+
+
+def test_a_query_that_fails_each_time_before_its_first_batch_stays_failed(spark: Any, store_url: str) -> None:
+    t = Topology("fruitless")
+    t.inject("events", injectors.records([{"user": "u", "ts": 1}], timestamp="ts"))
+    t.add(Exits, inputs={"events": key_by("user")}, shards=1)
+    runner = MicroBatchRunner(t, store_url, spark=spark, trigger_ms=100, progress=io.StringIO()).start()
+    try:
+        with pytest.raises(UserCodeError, match=r"^The query of computation 'Exits' failed \(got "):
+            runner.wait(timeout_s=300)
+    finally:
+        runner.stop()
+    assert runner.resubmissions == FRUITLESS_RESTARTS

@@ -30,6 +30,7 @@ Record ids are ``kafka:<topic>:<partition>:<offset>``.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable, Iterator
 
 from ..errors import HeadraceError, OptionError
@@ -38,7 +39,8 @@ from . import InjectedBatch, Injector, Several, timestamper, wall_clock_ms
 
 __all__ = ["KafkaPart", "kafka", "late_records", "DESERIALIZERS"]
 
-END_LOOK_MS = 10  # how long the broker's answer about a partition's end is taken as still true
+END_LOOK_S = 0.01  # how long the broker's answer that a partition ended is taken as still true
+ASK_TIMEOUT_S = 0.5  # for that answer; without one, the partition holds the watermark
 
 DESERIALIZERS: dict[str, Callable[[bytes], Any]] = {
     "bytes": lambda raw: raw,
@@ -81,18 +83,28 @@ class KafkaPart(Injector):
         self.stamp = None if timestamp is None else timestamper(timestamp, clock)
         self.max_delay_ms, self.idle_ms, self.discover_ms = max_delay_ms, idle_ms, discover_ms
         self.batch_size, self.poll_s, self.bounded, self.clock = batch_size, poll_s, bounded, clock
-        self._ends: dict[int, tuple[int, int, int]] = {}  # partition: (asked at, low, high offsets)
+        self._ends: dict[int, tuple[float, int, int]] = {}  # partition: (asked at, high, low offsets)
+        self._asker: Any = None  # see _ask
 
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
 
-        config = {"group.id": f"headrace-{self.topic}", **self.config,
+        # auto.offset.reset: a resumed offset that retention has deleted reads on from the oldest kept
+        config = {"group.id": f"headrace-{self.topic}", "auto.offset.reset": "earliest", **self.config,
                   "enable.auto.commit": False, "enable.auto.offset.store": False,
                   "isolation.level": "read_committed", "enable.partition.eof": True}
         return Consumer(config)
 
-    def _mine(self, consumer: Any) -> list[int]:
-        topic = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+    def _ask(self) -> Any:
+        """A client for questions to the broker (partitions, where they end), on a connection of its
+        own: on the consumer's, a question waits out a fetch's long poll (``fetch.wait.max.ms``,
+        500 ms by default), and the part stopped reading that long each time it asked."""
+        if self._asker is None:
+            self._asker = self._consumer()
+        return self._asker
+
+    def _mine(self) -> list[int]:
+        topic = self._ask().list_topics(self.topic, timeout=10).topics.get(self.topic)
         if topic is None or topic.error is not None:
             raise OptionError(f"Kafka topic {self.topic!r} was not found", got=getattr(topic, "error", None),
                               hint="create the topic first (headrace does not create input topics)")
@@ -114,7 +126,7 @@ class KafkaPart(Injector):
                 now = self.clock()
                 if discovered is None or now - discovered >= self.discover_ms:
                     discovered = now
-                    new = [p for p in self._mine(consumer) if p not in assigned]
+                    new = [p for p in self._mine() if p not in assigned]
                     for p in new:
                         state.setdefault(p, _Partition(OFFSET_BEGINNING, None, now))
                     if new:
@@ -144,6 +156,9 @@ class KafkaPart(Injector):
                     return
         finally:
             consumer.close()
+            if self._asker is not None:
+                self._asker.close()
+                self._asker = None
 
     def _take(self, message: Any, part: _Partition, published: int, records: list[Any], dead: list[Any]) -> None:
         p, offset = message.partition(), message.offset()
@@ -174,26 +189,34 @@ class KafkaPart(Injector):
         active = [marks[p] for p in state if p not in silent]
         if not silent or max(published, min(active) if active else max(marks.values())) <= held:
             return held  # idleness would not move it: no need to ask the broker
-        idle = {p for p in silent if self._ended(consumer, p, state[p], now)}
+        idle = {p for p in silent if self._ended(consumer, p, state[p])}
         active = [marks[p] for p in state if p not in idle]
         return max(published, min(active) if active else max(marks.values()))
 
-    def _ended(self, consumer: Any, p: int, part: _Partition, now: int) -> bool:
-        """Whether the broker holds nothing of partition ``p`` past what was read, asked afresh
-        (at most every ``END_LOOK_MS``): the end-of-partition event can be older than records that
-        arrived since, which the consumer has not fetched yet (it fetched another partition's
-        backlog first: the first records of a partition came 2 s late that way, and were late)."""
+    def _ended(self, consumer: Any, p: int, part: _Partition) -> bool:
+        """Whether the broker holds nothing of partition ``p`` past what the consumer read: the
+        end-of-partition event can be older than records that arrived since, which the consumer
+        has not fetched yet (it handed out another partition's backlog first: the first records of
+        a partition came 2 s late that way, and were late). Asked at most every ``END_LOOK_S``; an
+        answer that the partition is behind holds until the consumer reaches that end."""
         from confluent_kafka import KafkaException, TopicPartition
 
+        where = TopicPartition(self.topic, p)
+        # the consumer's position, not the last record's offset + 1: at the end it has stepped over
+        # transaction markers and aborted records, which are never handed out
+        position = consumer.position([where])[0].offset
         asked = self._ends.get(p)
-        if asked is None or now - asked[0] >= END_LOOK_MS:
-            try:
-                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5.0, cached=False)
-            except KafkaException:
-                return False  # unknown: it holds the watermark
-            asked = self._ends[p] = (now, low, high)
-        _, low, high = asked
-        return high <= (part.offset if part.offset >= 0 else low)
+        now = time.monotonic()
+        if asked is not None and (now - asked[0] < END_LOOK_S or asked[1] > max(position, part.offset, asked[2])):
+            _, high, low = asked
+            return high <= max(position, part.offset, low)
+        try:  # read_committed: the end is the last stable offset; low: retention may have moved past us
+            low, high = self._ask().get_watermark_offsets(where, timeout=ASK_TIMEOUT_S, cached=False)
+        except KafkaException:
+            self._ends[p] = (now, END_OF_TIME, 0)  # unknown: it holds the watermark until asked again
+            return False
+        self._ends[p] = (now, high, low)
+        return high <= max(position, part.offset, low)
 
     def _checkpoint(self, state: dict[int, _Partition], watermark: int) -> str:
         return json.dumps({"partitions": {str(p): [s.offset, s.high, s.late] for p, s in sorted(state.items())},

@@ -29,7 +29,7 @@ from ..engine.routing import RoutingPlan
 from ..plans import interval_plans, producers_of, retired_producers, routing_plan, shards_of
 from ..store import open_store
 from ..topology import Topology
-from .driver import Driver, FailureBudget, RunResult, check_start
+from .driver import Driver, RunResult, check_start
 from .sinks import spark_sinks
 from .inject import DataFrameInjector
 from .progress import start_progress
@@ -114,7 +114,6 @@ class ContinuousRunner(Driver):
                          checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms, retention_ms=retention_ms)
         self.lease_ms, self.workers, self.authority_every_ms = lease_ms, workers, authority_every_ms
         self.run_id = uuid.uuid4().hex[:12]
-        self.resubmissions = 0
         self._stopping = threading.Event()
         self._job: threading.Thread | None = None
         self._authority: threading.Thread | None = None
@@ -253,7 +252,6 @@ class ContinuousRunner(Driver):
         running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
         plans = interval_plans(self.topology, self.retired, running, self.layouts)
         run_id = self.run_id
-        failures = FailureBudget()
         while not self._stopping.is_set() and run_id == self.run_id:
             slots = self.slots()
             names = ", ".join(p.name for p in plans)
@@ -269,7 +267,7 @@ class ContinuousRunner(Driver):
                     self.errors.append(_job_error(exc))
                     return
                 self.resubmissions += 1
-                if not failures.spend(time.monotonic()):
+                if not self._failures.spend(time.monotonic()):
                     self.errors.append(UserCodeError(
                         "The continuous workers failed 10 times in a minute", got_text=str(exc).splitlines()[0],
                         hint="see the Spark logs for the cause; every interval resumes from its last commit"))

@@ -35,14 +35,14 @@ from .frames import declare_schemas
 from .inject import DataFrameInjector
 from .injectors import InjectorThread, start_injectors
 from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress, stop_progress
-from .query import QueryStats
+from .query import QueryStats, failure_detail
 from .session import spark_session, ui_url
 from .shipping import prepare_user_code
 from .checkpoints import checkpoint_root
 from .kafka_sink import KafkaSink
 from .sinks import SinkQuery, jdbc_jars, start_sinks
 
-__all__ = ["Driver", "RunResult", "FailureBudget", "claim_mode", "check_start"]
+__all__ = ["Driver", "RunResult", "FailureBudget", "FRUITLESS_RESTARTS", "claim_mode", "check_start"]
 
 
 @dataclass
@@ -62,6 +62,9 @@ def claim_mode(store: Store, topology: Topology, mode: str) -> None:
             raise OptionError(f"Topology {topology.name!r} already ran in {found} mode on {store.shown_url} "
                               f"(computation {name!r})", got=mode,
                               hint=f"run it with mode={found!r}, or start it over on a new store")
+
+
+FRUITLESS_RESTARTS = 3  # a query restarted this often without completing a batch stays failed
 
 
 class FailureBudget:
@@ -118,6 +121,9 @@ class Driver:
         self.removed: set[str] = set()
         self._started = 0.0
         self._woken = threading.Event()  # a computation finished a batch: ``wait`` looks at once
+        self.resubmissions = 0  # queries (or the continuous workers' job) started again after a failure
+        self._failures = FailureBudget()
+        self._fruitless: dict[str, int] = {}  # per query: restarts since its last completed batch
 
     # -- the bus ------------------------------------------------------------------------------------
 
@@ -198,12 +204,39 @@ class Driver:
                     injector.check()
             self._check_computations()
             for sink in self.sinks:
+                if self.restartable(f"the query of sink {sink.spec.name!r}", sink.failure(), sink.progressed()):
+                    sink.restart()
                 sink.check()
-            for progress in self.progress_queries.values():
+            for name, progress in self.progress_queries.items():
+                if self.restartable(f"the progress query of computation {name!r}", progress.failure(),
+                                    progress.progressed()):
+                    progress.restart()
                 progress.check()
         except Exception as exc:
             record_error(self.store, blamed(self.topology, exc), exc)
             raise
+
+    def restartable(self, what: str, failure: Any, progressed: bool) -> bool:
+        """Whether ``what``, a Spark query that failed with ``failure`` (None: it did not), starts
+        again from its checkpoint: when headrace did not raise the failure (a process under it
+        died: a Python source's runner SIGKILLed, a task out of retries), the run's failure budget
+        allows, and the query completed a batch (``progressed``) since its last restart or within
+        ``FRUITLESS_RESTARTS`` of them. A failure headrace raised (user code, bad input, a fence)
+        would come back, and so would one that fails a query each time before its first batch."""
+        if failure is None or "headrace.errors." in str(failure):
+            return False
+        fruitless = 0 if progressed else self._fruitless.get(what, 0) + 1
+        if fruitless > FRUITLESS_RESTARTS or not self._failures.spend(time.monotonic()):
+            return False
+        current = self.store.get_meta(meta.driver(self.topology.name))
+        if current != self.driver_id:  # a superseded driver's restart would fence the newest one
+            return False
+        self._fruitless[what] = fruitless
+        self.resubmissions += 1
+        if self.progress is not None:
+            print(f"headrace: {what} failed and starts again from its checkpoint: {failure_detail(failure)}",
+                  file=self.progress, flush=True)
+        return True
 
     def _tick(self) -> None:
         """Housekeeping while ``wait`` waits: retention, every ``trim_every_s`` on a fixed schedule

@@ -68,7 +68,7 @@ class KafkaSinkWriter:
         self.group: Any = None
         self.lease_until = 0
         self.failpoint = failpoint_from_env()
-        self._producers: list[str] = []
+        self.producers: list[str] = []  # the stream's, refreshed every second
         self._producers_at = 0.0
 
     # -- the lease ----------------------------------------------------------------------------------
@@ -141,14 +141,10 @@ class KafkaSinkWriter:
             return {}, 0
         return decode_ledger(committed.metadata), committed.offset
 
-    def wait_for_commits(self, timeout_s: float) -> bool:
-        """Sleep until a producer of the stream commits (or ``timeout_s``); True if one did."""
-        return self.store.wait_for_commits(self._producers, timeout_s)
-
     def _todo(self, refresh: bool) -> dict[str, tuple[int, int]]:
         if refresh or time.monotonic() - self._producers_at > 1.0:
-            self._producers, self._producers_at = self.store.stream_producers(self.spec.stream), time.monotonic()
-        heads = self.store.latest_batches(self._producers)
+            self.producers, self._producers_at = self.store.stream_producers(self.spec.stream), time.monotonic()
+        heads = self.store.latest_batches(self.producers)
         return {p: (self.positions.get(p, 0), min(head, self.positions.get(p, 0) + MAX_BATCHES))
                 for p, head in heads.items() if head > self.positions.get(p, 0)}
 
@@ -238,6 +234,8 @@ class KafkaSink:
     def __init__(self, topology: str, spec: SinkSpec, url: str, idle_s: float = 0.05):
         self.spec, self.idle_s = spec, idle_s
         self.writer = KafkaSinkWriter(topology, spec, url)
+        # its own connection, to sleep on outside the lock: flush() waits for the lock, not a sleep
+        self.waiter = open_store(url)
         self.lock = threading.Lock()
         self.opened, self.stopping = threading.Event(), threading.Event()
         self.error: BaseException | None = None
@@ -253,8 +251,9 @@ class KafkaSink:
             self.opened.set()
             while not self.stopping.is_set():
                 with self.lock:  # flush() writes from the runner's thread, on the same connections
-                    if not self.writer.write_once():
-                        self.writer.wait_for_commits(self.idle_s)  # woken by a commit, or looks again
+                    wrote = self.writer.write_once()
+                if not wrote:  # woken by a producer's commit, or looks again
+                    self.waiter.wait_for_commits(self.writer.producers, self.idle_s)
         except BaseException as exc:
             if not self.stopping.is_set():
                 self.error = exc
@@ -272,6 +271,16 @@ class KafkaSink:
     def written(self) -> dict[str, int] | None:
         return dict(self.writer.positions) if self.opened.is_set() and self.error is None else None
 
+    def failure(self) -> Any:
+        """Not a Spark query: its failures are its writer's, and stand (``check``)."""
+        return None
+
+    def progressed(self) -> bool:
+        return self.writer.sequence > 0
+
+    def restart(self) -> None:
+        raise NotImplementedError("a Kafka sink is not started again after a failure")
+
     def check(self) -> None:
         if self.error is None:
             return
@@ -284,4 +293,7 @@ class KafkaSink:
     def stop(self) -> None:
         self.stopping.set()
         self.thread.join(timeout=TIMEOUT_S)
-        self.writer.close()
+        try:
+            self.writer.close()
+        finally:
+            self.waiter.close()

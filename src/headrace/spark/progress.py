@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from ..errors import OptionError, UserCodeError
 from ..monitor.status import progress_of
 from ..store import open_store
-from .query import failure_detail
+from .query import Restartable, failure_detail
 from .source import LazyStore
 
 __all__ = ["StatusQuery", "METRICS", "check_progress_queries", "flush_progress", "start_progress", "stop_progress"]
@@ -80,7 +80,7 @@ class StatusReader(LazyStore, SimpleDataSourceStreamReader):
         pass
 
 
-class StatusQuery:
+class StatusQuery(Restartable):
     """The progress query of one computation: started and stopped with the run."""
 
     def __init__(self, spark: Any, computation: str, url: str, trigger_ms: int = 1_000):

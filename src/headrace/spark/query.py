@@ -210,11 +210,6 @@ class ComputationQuery:
         """The query's failure (a ``StreamingQueryException``), or None while it runs or ran well."""
         return self.query.exception() if self.query is not None else None
 
-    def headrace_failed(self) -> bool:
-        """Whether headrace raised the failure (user code, bad input, a fence): a restart would
-        meet it again. Otherwise Spark or a process failed under it (a source runner killed)."""
-        return "headrace.errors." in str(self.failure())
-
     def check(self) -> None:
         """Raise the query's failure, if it failed."""
         if self.failure() is not None:
@@ -249,6 +244,32 @@ def observe_progress(df: Any) -> Any:
     return df.observe("headrace_batch", watermark.alias("watermark"),
                       F.count(F.when(F.col("kind") != CONTROL, 1)).alias("records"),
                       F.count(F.when(F.col("kind") == REJECTED, 1)).alias("rejected"))
+
+
+class Restartable:
+    """A streaming query (a sink's, a progress query's) that the driver starts again after a
+    failure under headrace (``Driver.restartable``): ``start`` and ``stop`` are the subclass's."""
+
+    query: Any
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def failure(self) -> Any:
+        """The query's failure, or None."""
+        return self.query.exception() if self.query is not None else None
+
+    def progressed(self) -> bool:
+        """Whether the query completed a batch since it started."""
+        return self.query is not None and self.query.lastProgress is not None
+
+    def restart(self) -> None:
+        """Start the failed query again: a sink's resumes from its checkpoint."""
+        self.stop()
+        self.start()
 
 
 def failure_detail(exc: Any) -> str:

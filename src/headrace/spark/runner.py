@@ -12,9 +12,9 @@ from ..names import MICROBATCH
 from ..plans import consumer_of
 from ..store import DEFAULT_STORE_URL
 from ..topology import Topology
-from .driver import Driver, FailureBudget, RunResult, check_start
+from .driver import Driver, RunResult, check_start
 from .progress import start_progress
-from .query import ComputationQuery, QueryStats, failure_detail
+from .query import ComputationQuery, QueryStats
 
 __all__ = ["MicroBatchRunner", "SparkRunner", "RunResult"]
 
@@ -33,8 +33,6 @@ class MicroBatchRunner(Driver):
                          metrics_port=metrics_port, ui=ui, py_files=py_files, progress_queries=progress_queries,
                          checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms, retention_ms=retention_ms)
         self.queries: dict[str, ComputationQuery] = {}
-        self.resubmissions = 0  # queries started again after a failure under them
-        self._failures = FailureBudget()
 
     def _start_computations(self) -> None:
         for name in self.topology.computations:
@@ -90,21 +88,17 @@ class MicroBatchRunner(Driver):
         return all(q.stats.input_watermark == END_OF_TIME for q in self.queries.values())
 
     def _check_computations(self) -> None:
-        """A query that failed under headrace (its streaming source's Python runner killed, a task
-        out of retries) starts again from its checkpoint, as the continuous workers' job is
-        resubmitted, within the run's failure budget; one that headrace failed stays failed."""
+        """A query that failed under headrace starts again from its checkpoint, with a new
+        sequencer (``restartable``); one that headrace failed stays failed."""
         for name, query in list(self.queries.items()):
-            failure = query.failure()
-            if failure is None:
+            if name in self.removed or self.queries.get(name) is not query:
                 continue
-            if query.headrace_failed() or not self._failures.spend(time.monotonic()):
+            if self.restartable(f"the query of computation {name!r}", query.failure(), query.last_batch_id >= 0):
+                query.stop()
+                # a known computation resumes from its checkpoint; a new one from where it was asked to
+                self._start_query(name, query.start_from).stats = query.stats
+            else:
                 query.check()
-            self.resubmissions += 1
-            if self.progress is not None:
-                print(f"headrace: the query of computation {name!r} failed and starts again from its checkpoint: "
-                      f"{failure_detail(failure)}", file=self.progress, flush=True)
-            query.stop()
-            self._start_query(name, "beginning")  # a known computation resumes from its checkpoint
 
     def _finish(self) -> None:
         for query in self.queries.values():

@@ -22,7 +22,7 @@ from .frames import stream_frame
 from .kafka_sink import KafkaSink
 from .checkpoints import clear_unfinished_writes
 from .lake_sinks import LAKE_KINDS, LakeWrite
-from .query import failure_detail
+from .query import Restartable, failure_detail
 
 __all__ = ["SinkQuery", "start_sinks", "spark_sinks", "jdbc_jars"]
 
@@ -42,7 +42,7 @@ def jdbc_jars(topology: Topology) -> dict[str, str]:
     return {"spark.jars": POSTGRES_JDBC_JAR}
 
 
-class SinkQuery:
+class SinkQuery(Restartable):
     """Starts, runs, drains and stops the streaming query of one sink."""
 
     def __init__(self, spark: Any, topology: Topology, spec: SinkSpec, url: str, checkpoint_root: str,
