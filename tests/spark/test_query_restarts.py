@@ -94,3 +94,27 @@ def test_a_query_that_fails_each_time_before_its_first_batch_stays_failed(spark:
     finally:
         runner.stop()
     assert runner.resubmissions == FRUITLESS_RESTARTS
+
+
+class Unbuildable(Computation):
+    def __init__(self) -> None:
+        raise ValueError("no model file")
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        pass
+
+
+def test_a_computation_whose_constructor_raises_fails_the_run_at_once(spark: Any, store_url: str, mode: str) -> None:
+    from .conftest import start_runner
+
+    t = Topology("unbuildable")
+    t.inject("events", injectors.records([{"user": "u", "ts": 1}], timestamp="ts"))
+    t.add(Unbuildable, inputs={"events": key_by("user")}, shards=1)
+    runner = start_runner(t, store_url, spark, mode)
+    try:
+        with pytest.raises(UserCodeError, match=r"Computation 'Unbuildable' could not be created: Unbuildable\(\) "
+                                                r"raised \(got ValueError: no model file\)\. Hint: fix its __init__"):
+            runner.wait(timeout_s=300)
+    finally:
+        runner.stop()
+    assert runner.resubmissions == 0

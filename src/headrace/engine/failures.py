@@ -11,7 +11,7 @@ from ..errors import BadInputError, HeadraceError, UserCodeError
 from .batch import InputRecord
 from .poison import MAX_I64, MIN_I64, picklable, shown_text, storable_text
 
-__all__ = ["dead_letter_value", "user_error", "poison_input", "invoke_on_timer", "TIMER_REFIRE_LIMIT"]
+__all__ = ["dead_letter_value", "user_error", "construct", "poison_input", "invoke_on_timer", "TIMER_REFIRE_LIMIT"]
 
 # Timers one key may fire in one batch at or before a time it already fired at: past this, a
 # handler that re-arms its timer at or below the watermark would loop forever inside the batch.
@@ -40,6 +40,18 @@ def user_error(name: str, key: str, what: str, exc: Exception) -> UserCodeError:
         got_text=f"{type(exc).__name__}: {exc}",
         hint=f"fix the computation and run again; {retried}",
     )
+
+
+def construct(cls: Callable[[], Any], name: str) -> Any:
+    """An instance of computation ``name``'s class, or the error naming it: a constructor that
+    raises fails the same way in every worker and on every retry, so it is the user's to fix."""
+    try:
+        return cls()
+    except Exception as exc:
+        raise UserCodeError(f"Computation {name!r} could not be created: {getattr(cls, '__name__', cls)}() raised",
+                            got_text=f"{type(exc).__name__}: {exc}",
+                            hint="fix its __init__ (it runs in every worker, with no argument) and run again; "
+                                 "nothing of it was committed") from exc
 
 
 def poison_input(name: str, on_error: str, record: InputRecord) -> InputRecord | None:

@@ -22,6 +22,7 @@ from ..errors import FencedWriterError, StaleBatchError, StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME, Computation, ComputationOptions, MonoidComputation
 from ..names import interval
 from .batch import InputRecord, QuietReport, Routing, ShardBatch
+from .failures import construct
 from .groups import Group, Groups, OwnedInterval
 from .intake import Consumer, input_watermark, plan_ranges, read_keyed, records_of, select
 from .monoid import Folder
@@ -77,7 +78,7 @@ class Worker:
         self.slot, self.slots = slot, slots
         self.lease_ms, self.idle_s, self.clock, self.discover_ms = lease_ms, idle_ms / 1000, clock, discover_ms
         self.groups: dict[str, Groups] = {p.name: Groups() for p in plans}
-        self.code = {p.name: p.cls() for p in plans}
+        self.code = {p.name: construct(p.cls, p.name) for p in plans}
         self.consumers = {p.name: p.consumer for p in plans}
         self.dedup = DedupCache()
         self.state_cache = StateCache()  # hot keys' state of the intervals it holds (engine/statecache.py)

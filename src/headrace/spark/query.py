@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine import DedupCache, InputRecord, Partial, ShardBatch, finish_batch, run_shard_batch
+from ..engine.failures import construct
 from ..engine.runner import collector_paused
 from ..engine.batch import Routing
 from ..engine.intake import Consumer, decode_rows, reject_rows
@@ -60,7 +61,7 @@ def make_shard_task(spec: ComputationSpec, consumer: Consumer, url: str, batch_n
         shards_col = table.column("shard").to_numpy()
         starts = [0, *(int(i) + 1 for i in (shards_col[1:] != shards_col[:-1]).nonzero()[0]), len(shards_col)]
         store = shared_store(url)
-        computation = cls()
+        computation = construct(cls, spec.name)
         rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": []}
         for lo, hi in zip(starts, starts[1:]):
             shard = int(shards_col[lo])

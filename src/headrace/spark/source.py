@@ -22,6 +22,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from ..engine.failures import construct
 from ..engine.intake import Consumer, Range, input_watermark, plan_ranges, read_keyed, select
 from ..engine.monoid import Folder
 from ..model import BEGINNING_OF_TIME, Computation, MonoidComputation
@@ -163,7 +164,7 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
             return
         store = shared_store(self.url)
         folders: dict[int, Folder] = {}
-        monoid = self.cls() if issubclass(self.cls, MonoidComputation) else None
+        monoid = construct(self.cls, self.consumer.name) if issubclass(self.cls, MonoidComputation) else None
 
         def folder_of(shard: int) -> Folder | None:
             if monoid is None:
