@@ -87,13 +87,16 @@ def test_a_query_that_fails_each_time_before_its_first_batch_stays_failed(spark:
     t = Topology("fruitless")
     t.inject("events", injectors.records([{"user": "u", "ts": 1}], timestamp="ts"))
     t.add(Exits, inputs={"events": key_by("user")}, shards=1)
-    runner = MicroBatchRunner(t, store_url, spark=spark, trigger_ms=100, progress=io.StringIO()).start()
+    said = io.StringIO()
+    runner = MicroBatchRunner(t, store_url, spark=spark, trigger_ms=100, progress=said).start()
     try:
         with pytest.raises(UserCodeError, match=r"^The query of computation 'Exits' failed \(got "):
             runner.wait(timeout_s=300)
     finally:
         runner.stop()
     assert runner.resubmissions == FRUITLESS_RESTARTS
+    assert ("headrace: the query of computation 'Exits' failed and is not started again: restarted 3 times "
+            "without completing a batch") in said.getvalue()
 
 
 class Unbuildable(Computation):

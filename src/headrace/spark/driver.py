@@ -12,6 +12,7 @@ hooks, and what it knows of them (``watermarks``, ``batches``, ``running``).
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 import uuid
@@ -226,10 +227,15 @@ class Driver:
         if failure is None or "headrace.errors." in str(failure):
             return False
         fruitless = 0 if progressed else self._fruitless.get(what, 0) + 1
-        if fruitless > FRUITLESS_RESTARTS or not self._failures.spend(time.monotonic()):
-            return False
         current = self.store.get_meta(meta.driver(self.topology.name))
-        if current != self.driver_id:  # a superseded driver's restart would fence the newest one
+        refused = (f"restarted {FRUITLESS_RESTARTS} times without completing a batch"
+                   if fruitless > FRUITLESS_RESTARTS else
+                   f"{self._failures.limit} failures in {self._failures.window_s:.0f} s"
+                   if not self._failures.spend(time.monotonic()) else
+                   f"superseded by driver {current}" if current != self.driver_id else None)
+        if refused is not None:  # why the failure stands, beside it
+            print(f"headrace: {what} failed and is not started again: {refused}",
+                  file=self.progress or sys.stderr, flush=True)
             return False
         self._fruitless[what] = fruitless
         self.resubmissions += 1
