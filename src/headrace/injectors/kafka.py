@@ -83,7 +83,7 @@ class KafkaPart(Injector):
         self.stamp = None if timestamp is None else timestamper(timestamp, clock)
         self.max_delay_ms, self.idle_ms, self.discover_ms = max_delay_ms, idle_ms, discover_ms
         self.batch_size, self.poll_s, self.bounded, self.clock = batch_size, poll_s, bounded, clock
-        self._ends: dict[int, tuple[float, int, int]] = {}  # partition: (asked at, high, low offsets)
+        self._ends: dict[int, tuple[float, int, int, int]] = {}  # partition: asked at (monotonic, clock), high, low
         self._asker: Any = None  # see _ask
 
     def _consumer(self) -> Any:
@@ -206,16 +206,17 @@ class KafkaPart(Injector):
         # transaction markers and aborted records, which are never handed out
         position = consumer.position([where])[0].offset
         asked = self._ends.get(p)
-        now = time.monotonic()
-        if asked is not None and (now - asked[0] < END_LOOK_S or asked[1] > max(position, part.offset, asked[2])):
-            _, high, low = asked
+        now, ticks = time.monotonic(), self.clock()  # fresh by both: a frozen clock, or a test's racing one
+        if asked is not None and (now - asked[0] < END_LOOK_S and ticks - asked[1] < END_LOOK_S * 1000
+                                  or asked[2] > max(position, part.offset, asked[3])):
+            _, _, high, low = asked
             return high <= max(position, part.offset, low)
         try:  # read_committed: the end is the last stable offset; low: retention may have moved past us
             low, high = self._ask().get_watermark_offsets(where, timeout=ASK_TIMEOUT_S, cached=False)
         except KafkaException:
-            self._ends[p] = (now, END_OF_TIME, 0)  # unknown: it holds the watermark until asked again
+            self._ends[p] = (now, ticks, END_OF_TIME, 0)  # unknown: it holds the watermark until asked again
             return False
-        self._ends[p] = (now, high, low)
+        self._ends[p] = (now, ticks, high, low)
         return high <= max(position, part.offset, low)
 
     def _checkpoint(self, state: dict[int, _Partition], watermark: int) -> str:

@@ -38,11 +38,13 @@ class MicroBatchRunner(Driver):
         for name in self.topology.computations:
             self._start_query(name, "beginning")
 
-    def _start_query(self, name: str, start: str | int) -> ComputationQuery:
+    def _start_query(self, name: str, start: str | int, stats: QueryStats | None = None) -> ComputationQuery:
         spec = self.topology.computation(name)
         query = ComputationQuery(self.spark, spec, consumer_of(self.topology, name, MICROBATCH),
                                  self.routing(frozenset(spec.outputs)), self.url, self.checkpoint_root,
                                  self.trigger_ms, str(start), on_batch=self._woken.set)
+        if stats is not None:  # a restarted query's numbers go on from its predecessor's
+            query.stats = stats
         query.start()
         self.queries[name] = query
         return query
@@ -96,7 +98,7 @@ class MicroBatchRunner(Driver):
             if self.restartable(f"the query of computation {name!r}", query.failure(), query.last_batch_id >= 0):
                 query.stop()
                 # a known computation resumes from its checkpoint; a new one from where it was asked to
-                self._start_query(name, query.start_from).stats = query.stats
+                self._start_query(name, query.start_from, query.stats)
             else:
                 query.check()
 
