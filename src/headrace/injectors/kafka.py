@@ -183,15 +183,16 @@ class KafkaPart(Injector):
         marks = {p: (s.high - self.max_delay_ms if s.high is not None else BEGINNING_OF_TIME) for p, s in state.items()}
         if not marks:
             return published
-        held = max(published, min(marks.values()))  # every partition holding it
+
+        def without(idle: set[int]) -> int:  # the part's watermark with these partitions not holding it
+            active = [marks[p] for p in state if p not in idle]
+            return max(published, min(active) if active else max(marks.values()))
+
         now = self.clock()
-        silent = [p for p in sorted(at_end) if now - state[p].seen_at >= self.idle_ms]
-        active = [marks[p] for p in state if p not in silent]
-        if not silent or max(published, min(active) if active else max(marks.values())) <= held:
-            return held  # idleness would not move it: no need to ask the broker
-        idle = {p for p in silent if self._ended(consumer, p, state[p])}
-        active = [marks[p] for p in state if p not in idle]
-        return max(published, min(active) if active else max(marks.values()))
+        silent = {p for p in at_end if now - state[p].seen_at >= self.idle_ms}
+        if without(silent) <= without(set()):
+            return without(set())  # idleness would not move it: no need to ask the broker
+        return without({p for p in sorted(silent) if self._ended(consumer, p, state[p])})
 
     def _ended(self, consumer: Any, p: int, part: _Partition) -> bool:
         """Whether the broker holds nothing of partition ``p`` past what the consumer read: the
@@ -207,10 +208,11 @@ class KafkaPart(Injector):
         position = consumer.position([where])[0].offset
         asked = self._ends.get(p)
         now, ticks = time.monotonic(), self.clock()  # fresh by both: a frozen clock, or a test's racing one
-        if asked is not None and (now - asked[0] < END_LOOK_S and ticks - asked[1] < END_LOOK_S * 1000
-                                  or asked[2] > max(position, part.offset, asked[3])):
+        if asked is not None:
             _, _, high, low = asked
-            return high <= max(position, part.offset, low)
+            fresh = now - asked[0] < END_LOOK_S and ticks - asked[1] < END_LOOK_S * 1000
+            if fresh or high > max(position, part.offset, low):  # "behind" holds until the consumer gets there
+                return high <= max(position, part.offset, low)
         try:  # read_committed: the end is the last stable offset; low: retention may have moved past us
             low, high = self._ask().get_watermark_offsets(where, timeout=ASK_TIMEOUT_S, cached=False)
         except KafkaException:

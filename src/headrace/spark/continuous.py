@@ -269,7 +269,8 @@ class ContinuousRunner(Driver):
                 self.resubmissions += 1
                 if not self._failures.spend(time.monotonic()):
                     self.errors.append(UserCodeError(
-                        "The continuous workers failed 10 times in a minute", got_text=str(exc).splitlines()[0],
+                        f"The continuous workers failed {self._failures.limit} times in a minute",
+                        got_text=str(exc).splitlines()[0],
                         hint="see the Spark logs for the cause; every interval resumes from its last commit"))
                     return
                 time.sleep(0.2)

@@ -36,7 +36,7 @@ from .frames import declare_schemas
 from .inject import DataFrameInjector
 from .injectors import InjectorThread, start_injectors
 from .progress import StatusQuery, check_progress_queries, flush_progress, start_progress, stop_progress
-from .query import QueryStats, failure_detail
+from .query import QueryStats, Restartable, failure_detail
 from .session import spark_session, ui_url
 from .shipping import prepare_user_code
 from .checkpoints import checkpoint_root
@@ -205,8 +205,9 @@ class Driver:
                     injector.check()
             self._check_computations()
             for sink in self.sinks:
-                if self.restartable(f"the query of sink {sink.spec.name!r}", sink.failure(), sink.progressed()):
-                    sink.restart()
+                if isinstance(sink, Restartable) and self.restartable(f"the query of sink {sink.spec.name!r}",
+                                                                      sink.failure(), sink.progressed()):
+                    sink.restart()  # a Kafka sink is a writer thread, not a Spark query: its failures stand
                 sink.check()
             for name, progress in self.progress_queries.items():
                 if self.restartable(f"the progress query of computation {name!r}", progress.failure(),
@@ -228,11 +229,13 @@ class Driver:
             return False
         fruitless = 0 if progressed else self._fruitless.get(what, 0) + 1
         current = self.store.get_meta(meta.driver(self.topology.name))
-        refused = (f"restarted {FRUITLESS_RESTARTS} times without completing a batch"
-                   if fruitless > FRUITLESS_RESTARTS else
-                   f"{self._failures.limit} failures in {self._failures.window_s:.0f} s"
-                   if not self._failures.spend(time.monotonic()) else
-                   f"superseded by driver {current}" if current != self.driver_id else None)
+        refused = None
+        if fruitless > FRUITLESS_RESTARTS:
+            refused = f"restarted {FRUITLESS_RESTARTS} times without completing a batch"
+        elif not self._failures.spend(time.monotonic()):
+            refused = f"{self._failures.limit} failures in {self._failures.window_s:.0f} s"
+        elif current != self.driver_id:
+            refused = f"superseded by driver {current}"
         if refused is not None:  # why the failure stands, beside it
             print(f"headrace: {what} failed and is not started again: {refused}",
                   file=self.progress or sys.stderr, flush=True)

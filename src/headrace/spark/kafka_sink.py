@@ -271,16 +271,6 @@ class KafkaSink:
     def written(self) -> dict[str, int] | None:
         return dict(self.writer.positions) if self.opened.is_set() and self.error is None else None
 
-    def failure(self) -> Any:
-        """Not a Spark query: its failures are its writer's, and stand (``check``)."""
-        return None
-
-    def progressed(self) -> bool:
-        return self.writer.sequence > 0
-
-    def restart(self) -> None:
-        raise NotImplementedError("a Kafka sink is not started again after a failure")
-
     def check(self) -> None:
         if self.error is None:
             return
