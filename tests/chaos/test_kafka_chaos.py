@@ -33,6 +33,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from headrace.lake import batches_of
+from headrace.monitor.status import status
 from headrace.names import lake_app_id
 
 from ..ci import long_only
@@ -50,6 +51,12 @@ def delta_ns(broker: Any, path: str) -> list[int]:
     except TableNotFoundError:  # no write yet
         return []
     return [pickle.loads(v)["n"] for v in table.to_pyarrow_table(columns=["value"])["value"].to_pylist()]
+
+
+def stage_summary(store: str) -> dict[str, dict[str, Any]]:
+    """Each stage's watermark and late and dead-letter counts, for a failure's message."""
+    keys = ("watermark", "records", "late_dropped", "late_delivered", "dead_letters", "backlog_records")
+    return {name: {k: stage.get(k) for k in keys} for name, stage in status(store)["stages"].items()}
 
 
 # how to read back what each sink of kafka_topology.SINKS holds: the n of every record, with repeats
@@ -201,7 +208,11 @@ def kafka_chaos(broker: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple
             held = {kind: READERS[kind](broker, arg) for kind, arg in sinks.items()}
             if all(len(set(ns)) >= n for ns in held.values()):
                 break
-            assert time.monotonic() < deadline, f"the sinks never held all {n}: {[len(set(v)) for v in held.values()]}"
+            assert time.monotonic() < deadline, (
+                f"the sinks never held all {n}: {[len(set(v)) for v in held.values()]}, missing "
+                f"{ {kind: sorted(set(range(n)) - set(ns))[:20] for kind, ns in held.items()} }; stages: "
+                f"{stage_summary(monkey.store)}; drivers' log: "
+                f"{Path(monkey.log.name).read_text()[-3000:]}")
             assert monkey.alive(), f"a driver exited: {Path(monkey.log.name).read_text()[-3000:]}"
             time.sleep(1)
         time.sleep(1)  # a last look for copies written after the last record

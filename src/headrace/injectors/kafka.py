@@ -5,7 +5,10 @@ Sources as parts with resume state, as Bytewax's inputs are: the topic's partiti
 next offset and newest timestamp of each partition it owns, journaled with each batch it publishes
 in the same store transaction (``engine.publish``). So input is exactly-once without Kafka
 transactions or consumer-group commits: a restarted part reads on from its last published batch.
-A part looks for new partitions every ``discover_ms`` and reads a new one from its first offset.
+A part looks for new partitions every ``discover_ms``, and again before its watermark passes
+records it has read (at most every 10 ms; the watermark holds until then), and reads a new one from
+its first offset: a record written to a new partition before the part read a newer one elsewhere
+is not late.
 It reads with ``isolation.level=read_committed``: records of aborted or open transactions are never
 injected.
 
@@ -40,6 +43,7 @@ from . import InjectedBatch, Injector, Several, timestamper, wall_clock_ms
 __all__ = ["KafkaPart", "kafka", "late_records", "DESERIALIZERS"]
 
 END_LOOK_S = 0.01  # how long the broker's answer that a partition ended is taken as still true
+LOOK_EVERY_S = 0.01  # how often a part may look for new partitions before moving its watermark
 ASK_TIMEOUT_S = 0.5  # for that answer; without one, the partition holds the watermark
 
 DESERIALIZERS: dict[str, Callable[[bytes], Any]] = {
@@ -111,7 +115,7 @@ class KafkaPart(Injector):
         return sorted(p for p in topic.partitions if p % self.part_count == self.part)
 
     def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
-        from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+        from confluent_kafka import KafkaError
 
         saved: dict[str, Any] = json.loads(resume) if resume else {"partitions": {}, "watermark": BEGINNING_OF_TIME}
         now = self.clock()
@@ -121,17 +125,13 @@ class KafkaPart(Injector):
         at_end: set[int] = set()
         assigned: set[int] = set()
         discovered: int | None = None
+        looked = float("-inf")  # by the monotonic clock
         try:
             while True:
                 now = self.clock()
                 if discovered is None or now - discovered >= self.discover_ms:
                     discovered = now
-                    new = [p for p in self._mine() if p not in assigned]
-                    for p in new:
-                        state.setdefault(p, _Partition(OFFSET_BEGINNING, None, now))
-                    if new:
-                        consumer.incremental_assign([TopicPartition(self.topic, p, state[p].offset) for p in new])
-                        assigned.update(new)
+                    looked = self._look(consumer, state, assigned)
                 records: list[tuple[Any, int, str | None]] = []
                 dead: list[tuple[Any, int, str | None]] = []
                 for message in consumer.consume(self.batch_size, self.poll_s) if state else []:
@@ -149,6 +149,15 @@ class KafkaPart(Injector):
                 done = self.bounded and state and at_end >= set(state)
                 if done:
                     mark = END_OF_TIME
+                elif mark > published:
+                    # a partition added since the last look may hold records behind what was just
+                    # read: look again, after the read, before the watermark passes them (until
+                    # then it holds)
+                    if time.monotonic() - looked < LOOK_EVERY_S:
+                        mark = published
+                    else:
+                        looked = self._look(consumer, state, assigned)
+                        mark = self._watermark(consumer, state, published, at_end)
                 if records or dead or mark != published:
                     published = mark
                     yield InjectedBatch(records, mark, self._checkpoint(state, published), dead)
@@ -159,6 +168,21 @@ class KafkaPart(Injector):
             if self._asker is not None:
                 self._asker.close()
                 self._asker = None
+
+    def _look(self, consumer: Any, state: dict[int, _Partition], assigned: set[int]) -> float:
+        """Assigns this part's partitions not assigned yet, a new one from its first offset; returns
+        when it looked (monotonic)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        looked = time.monotonic()
+        new = [p for p in self._mine() if p not in assigned]
+        now = self.clock()
+        for p in new:
+            state.setdefault(p, _Partition(OFFSET_BEGINNING, None, now))
+        if new:
+            consumer.incremental_assign([TopicPartition(self.topic, p, state[p].offset) for p in new])
+            assigned.update(new)
+        return looked
 
     def _take(self, message: Any, part: _Partition, published: int, records: list[Any], dead: list[Any]) -> None:
         p, offset = message.partition(), message.offset()
