@@ -1,6 +1,11 @@
 """The store's tables, written once; each dialect fills in its integer and blob types and the
 SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps rows in its index).
 
+``segments`` and ``routes`` keep their rowid: their rows hold the bus's blobs, and in a table
+without rowid every comparison of a seek loads the row's whole payload (its overflow chain). With
+rowid, a seek walks the primary key's index and reads the one row it finds (``bench/store_layout.py``).
+The columns are the same either way, so a store made with either layout reads and writes alike.
+
 ``segments_by_time`` holds what the monitor counts (docs/monitoring.md): SQLite stores a row's
 columns in order, so reading a segment's ``created_at`` from the table walks its whole ``data``
 blob first (67 ms a status round over a 54 MB bus, 0.03 ms from the index)."""
@@ -47,7 +52,7 @@ CREATE TABLE IF NOT EXISTS streams(
 CREATE TABLE IF NOT EXISTS segments(
   stream TEXT, producer TEXT, batch {INT}, shard {INT}, count {INT} NOT NULL,
   data {BLOB} NOT NULL, created_at {INT} NOT NULL,
-  PRIMARY KEY(stream, producer, batch, shard)){TABLE};
+  PRIMARY KEY(stream, producer, batch, shard));
 CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
 CREATE INDEX IF NOT EXISTS segments_by_time ON segments(producer, batch, created_at, count);
 CREATE INDEX IF NOT EXISTS segments_by_stream ON segments(stream, producer);
@@ -57,7 +62,7 @@ CREATE TABLE IF NOT EXISTS batches(
 CREATE TABLE IF NOT EXISTS plans(id TEXT PRIMARY KEY, routes TEXT NOT NULL){TABLE};
 CREATE TABLE IF NOT EXISTS routes(
   consumer TEXT, dest {INT}, producer TEXT, batch {INT}, stream TEXT, slot {INT}, count {INT} NOT NULL,
-  data {BLOB} NOT NULL, PRIMARY KEY(consumer, dest, producer, batch, stream, slot)){TABLE};
+  data {BLOB} NOT NULL, PRIMARY KEY(consumer, dest, producer, batch, stream, slot));
 CREATE INDEX IF NOT EXISTS routes_by_batch ON routes(consumer, producer, batch);
 CREATE TABLE IF NOT EXISTS interval_groups(
   computation TEXT, sequencer {INT}, positions TEXT NOT NULL, input_watermark {INT} NOT NULL,

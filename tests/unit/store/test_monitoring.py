@@ -93,9 +93,8 @@ def test_on_sqlite_the_monitors_counts_read_an_index_not_the_segments(tmp_path: 
 
 
 def test_on_sqlite_the_producers_of_a_stream_are_read_from_an_index_not_the_segments(tmp_path: Any) -> None:
-    """A seek in the segments table (no rowid: its rows are its primary key's b-tree) loads a
-    row's whole payload, its ``data`` included: each continuous worker asks for its streams'
-    producers once a second, and the streams are answered from a covering index."""
+    """Each continuous worker asks for its streams' producers once a second: they are answered
+    from a covering index, not from the segments' rows and their blobs."""
     from headrace.store.sqlite import SQLiteStore
 
     store = SQLiteStore(str(tmp_path / "store.db"))
