@@ -54,7 +54,7 @@ class Count(Computation):
 
 def topology(bootstrap: str, source: str, sink: str) -> Topology:
     t = Topology("kafkalatency")
-    t.inject("events", injectors.kafka(source, bootstrap, batch_size=100, poll_s=0.002, idle_ms=1_000))
+    t.inject("events", injectors.kafka(source, bootstrap, batch_size=100, idle_ms=1_000))
     t.add(Count, inputs={"events": key_by("user")}, outputs=["counted"], shards=2)
     t.sink("counted", kafka=sink, bootstrap_servers=bootstrap)
     return t

@@ -4,6 +4,7 @@ watermarks, the idle-partition policy, deserializers and dead letters."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -103,6 +104,18 @@ def test_a_partition_added_while_running_holds_the_watermark_before_it_passes_it
     assert sorted(v["ts"] for v in values(got)) == [1_000, 1_500, 2_000]
     assert late_records(got[-1].checkpoint) == 0
     assert all(ts >= b.watermark for b in got for _, ts, _ in b.records)
+
+
+def test_a_record_is_injected_when_it_comes_not_when_poll_s_is_out(kafka_broker: Any) -> None:
+    """``poll_s`` is how long a part with nothing to read waits: a record that comes meanwhile is
+    injected at once (librdkafka's batch call, used before, waited out the whole timeout unless
+    its batch of ``batch_size`` filled, and a lone record waited all of ``poll_s``)."""
+    topic = kafka_broker.create_topic()
+    produce(kafka_broker, topic, [(0, b"lone", 0)])
+    batches = injectors.kafka(topic, kafka_broker.bootstrap_servers, deserializer="utf-8", poll_s=20).batches(None)
+    began = time.monotonic()
+    got = take(batches, lambda got: values(got) == ["lone"])
+    assert values(got) == ["lone"] and time.monotonic() - began < 10  # not the 20 s of poll_s
 
 
 def test_records_of_aborted_transactions_are_never_injected(kafka_broker: Any) -> None:
@@ -208,6 +221,9 @@ def test_bad_options_are_refused_with_a_hint() -> None:
     with pytest.raises(OptionError, match=r"^injectors\.kafka\(\)'s idle_ms must be an integer >= 1 \(got 0\)\. "
                                           r"Hint: e\.g\. idle_ms=1000$"):
         injectors.kafka("t", "127.0.0.1:9092", idle_ms=0)
+    with pytest.raises(OptionError, match=r"^injectors\.kafka\(\)'s poll_s must be a number of seconds in \(0, 60\] "
+                                          r"\(got '1'\)\. Hint: e\.g\. poll_s=0\.05$"):
+        injectors.kafka("t", "127.0.0.1:9092", poll_s="1")
 
 
 def test_a_single_part_kafka_injector_publishes_as_the_stream_itself() -> None:

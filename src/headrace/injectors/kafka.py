@@ -134,7 +134,7 @@ class KafkaPart(Injector):
                     looked = self._look(consumer, state, assigned)
                 records: list[tuple[Any, int, str | None]] = []
                 dead: list[tuple[Any, int, str | None]] = []
-                for message in consumer.consume(self.batch_size, self.poll_s) if state else []:
+                for message in self._fetch(consumer) if state else []:
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -168,6 +168,18 @@ class KafkaPart(Injector):
             if self._asker is not None:
                 self._asker.close()
                 self._asker = None
+
+    def _fetch(self, consumer: Any) -> list[Any]:
+        """Up to ``batch_size`` of what the consumer holds now; when it holds nothing, what comes
+        first within ``poll_s`` and what came with it. (librdkafka's batch call waits out its whole
+        timeout unless the batch fills: with it, a record waited up to ``poll_s`` to be injected.)"""
+        held = consumer.consume(self.batch_size, 0)
+        if held:
+            return held
+        first = consumer.poll(self.poll_s)
+        if first is None:
+            return []
+        return [first, *consumer.consume(self.batch_size - 1, 0)] if self.batch_size > 1 else [first]
 
     def _look(self, consumer: Any, state: dict[int, _Partition], assigned: set[int]) -> float:
         """Assigns this part's partitions not assigned yet, a new one from its first offset; returns
@@ -261,7 +273,9 @@ def kafka(topic: str, bootstrap_servers: str, *, parts: int = 1, deserializer: s
           config: dict[str, Any] | None = None, clock: Callable[[], int] = wall_clock_ms) -> Injector | Several:
     """Inject the records of Kafka ``topic`` (see the module's doc for offsets, watermarks, idle
     partitions and dead letters). ``bounded``: stop, with the end-of-time watermark, once every
-    partition has been read to its end. ``config``: more librdkafka consumer settings."""
+    partition has been read to its end. ``poll_s``: how long a part with nothing to read waits for
+    a record before it looks at its partitions and watermark again (a record that comes is
+    injected at once). ``config``: more librdkafka consumer settings."""
     if not isinstance(topic, str) or not topic:
         raise OptionError("injectors.kafka() needs a topic name", got=topic, hint="e.g. injectors.kafka('searches', ...)")
     if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
@@ -270,6 +284,9 @@ def kafka(topic: str, bootstrap_servers: str, *, parts: int = 1, deserializer: s
     for name, value, least in (("parts", parts, 1), ("max_delay_ms", max_delay_ms, 0), ("idle_ms", idle_ms, 1),
                                ("discover_ms", discover_ms, 0), ("batch_size", batch_size, 1)):
         _count(name, value, least)
+    if isinstance(poll_s, bool) or not isinstance(poll_s, (int, float)) or not 0 < poll_s <= 60:
+        raise OptionError("injectors.kafka()'s poll_s must be a number of seconds in (0, 60]", got=poll_s,
+                          hint="e.g. poll_s=0.05")
     _deserializer(deserializer)
     merged = {**(config or {}), "bootstrap.servers": bootstrap_servers}
     built = [KafkaPart(topic, merged, i, parts, deserializer=deserializer, timestamp=timestamp,
