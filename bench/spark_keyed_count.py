@@ -6,7 +6,8 @@
 
 The equal work, for every variant that runs on Spark:
 - the same input, landed before the clock starts: headrace's injector publishes it to the bus,
-  the Spark variant's parquet files are written (one per ``--batch`` records);
+  the Spark variant's parquet files are written (one per ``--batch`` records); both with the same
+  schema (``SCHEMA``: headrace's stream is typed, so a reader keys it from its field column);
 - drained as one micro-batch: headrace's source reads every batch published since its last offset,
   so a pre-published input is a single micro-batch; Spark's file source reads every file present
   (no ``maxFilesPerTrigger``). headrace in continuous mode has no micro-batches: each key interval
@@ -61,6 +62,9 @@ from headrace.spark.session import spark_session  # noqa: E402
 from headrace.store import open_store  # noqa: E402
 
 
+SCHEMA = "key STRING, ts BIGINT"  # the input's, for headrace's stream as for Spark's file stream
+
+
 def records(n: int, keys: int, seed: int = 7) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [{"key": f"key-{rng.randrange(keys)}", "ts": 1_000_000 + i} for i in range(n)]
@@ -112,7 +116,7 @@ def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> Measur
                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
     # no maxFilesPerTrigger: every file present is one micro-batch, as headrace's source reads
     # every batch already on the bus in one
-    stream = spark.readStream.schema("key STRING, ts BIGINT").parquet(folder)
+    stream = spark.readStream.schema(SCHEMA).parquet(folder)
     counted = stream.groupBy("key").transformWithState(CountProcessor(), "key STRING, count LONG", "Update", "None")
     start = time.perf_counter()
     query = (counted.writeStream.format("noop").outputMode("update").option("checkpointLocation", checkpoint)
@@ -139,9 +143,11 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
     # topology (monitor/owners.py), which keeps one mode
     bus = Topology("keyed_count")
     bus.inject("events", injectors.records(data, timestamp="ts", batch_size=batch))
+    bus.stream("events", schema=SCHEMA)
     run(bus, store=url, spark=spark, progress=None, mode=mode)
     t = Topology("keyed_count")
     t.inject("events", injectors.records(data, timestamp="ts", batch_size=batch))
+    t.stream("events", schema=SCHEMA)
     spec = t.add(Count, inputs={"events": key_by("key")}, shards=shards, **options)
     start, started_ms = time.perf_counter(), time.time() * 1000
     run(t, store=url, spark=spark, progress=None, mode=mode, **({"trigger_ms": 50} if mode == "microbatch" else {}))
