@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from .engine import DedupCache, InputRecord, run_batch
 from .engine.intake import Consumer, plan_ranges, read_keyed, records_of, select
-from .engine.failures import poison_input
+from .engine.failures import construct, poison_input
 from .engine.publish import publish_injected
 from .engine.routing import RoutingPlan, Subscriber
 from .injectors import timestamper
@@ -84,7 +84,7 @@ class Harness:
         self._output_watermark = last.output_watermark if last else BEGINNING_OF_TIME
         self._wall_clock = 0
         self._ids = itertools.count(1)
-        self._computation = cls()
+        self._computation = construct(cls, label)
         self._dedup = DedupCache()
         self._streams = {HARNESS_STREAM}  # every input stream used so far: all count as at-least-once
 

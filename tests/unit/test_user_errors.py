@@ -170,6 +170,20 @@ def test_state_the_codec_cannot_save_names_the_computation_the_key_and_the_codec
     assert h.state("k") is None and h.counters.get("records", 0) == 0  # nothing of the batch was committed
 
 
+class Unbuildable(Echo):
+    def __init__(self) -> None:
+        raise ValueError("no model file")
+
+
+def test_a_computation_whose_constructor_raises_is_named_on_the_harness_as_in_each_mode() -> None:
+    """The message the modes give (tests/spark/test_query_restarts.py), word for word."""
+    with pytest.raises(UserCodeError, match=exact(
+            "Computation 'Unbuildable' could not be created: Unbuildable() raised (got ValueError: no model file). "
+            "Hint: fix its __init__ (it runs in every worker, with no argument) and run again; nothing of it was "
+            "committed")):
+        Harness(Unbuildable)
+
+
 class FakeStreamingDataFrame:
     """Only what ``Topology.inject`` looks at to tell a streaming DataFrame: ``isStreaming`` and ``columns``."""
 
