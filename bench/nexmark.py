@@ -227,7 +227,7 @@ def spark_line(spark: Any, query: str, files: Path, folder: Path, data: dict[str
                events: int, cores: int, rate: float) -> str:
     """Spark Structured Streaming's run of ``query``, checked against its oracle, as a line. Its
     answer dies with this call: held while the next headrace query ran (q1 after Spark's q0), its
-    million tuples made each full collection in the driver walk them, and q1 measured 84,500 to
+    920,000 tuples made each full collection in the driver walk them, and q1 measured 84,500 to
     95,300 per core in three full runs against 132,000 to 136,000 run alone."""
     elapsed, used, got = run_spark(spark, query, files, folder)
     oracle = sorted(tuple(r) for r in _connection(data).execute(SPARK_ORACLE[query]).fetchall()) \

@@ -65,6 +65,7 @@ class Harness:
         self.cls = check_computation_class(label, cls)
         self.name = label
         self.options = ComputationOptions.from_kwargs(label, self.cls.resolve_options(label, dict(options)))
+        self._computation = construct(cls, label)  # before the store is opened: it may raise
         self.outputs = frozenset(outputs) if outputs is not None else None
         if schemas is not None and not isinstance(schemas, Mapping):
             raise OptionError("Harness schemas are a dict of stream name to schema", got=schemas,
@@ -84,7 +85,6 @@ class Harness:
         self._output_watermark = last.output_watermark if last else BEGINNING_OF_TIME
         self._wall_clock = 0
         self._ids = itertools.count(1)
-        self._computation = construct(cls, label)
         self._dedup = DedupCache()
         self._streams = {HARNESS_STREAM}  # every input stream used so far: all count as at-least-once
 

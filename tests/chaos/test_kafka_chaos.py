@@ -55,8 +55,13 @@ def delta_ns(broker: Any, path: str) -> list[int]:
 
 def stage_summary(store: str) -> dict[str, dict[str, Any]]:
     """Each stage's watermark and late and dead-letter counts, for a failure's message."""
-    keys = ("watermark", "records", "late_dropped", "late_delivered", "dead_letters", "backlog_records")
-    return {name: {k: stage.get(k) for k in keys} for name, stage in status(store)["stages"].items()}
+    keys = ("input_watermark", "output_watermark", "records", "late_dropped", "late_delivered", "dead_letters",
+            "backlog_records")
+    try:
+        stages = status(store)["stages"]
+    except Exception as exc:  # the message must not hide the failure it describes
+        return {"status failed": {"error": repr(exc)}}
+    return {name: {k: stage.get(k) for k in keys} for name, stage in stages.items()}
 
 
 # how to read back what each sink of kafka_topology.SINKS holds: the n of every record, with repeats

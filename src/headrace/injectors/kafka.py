@@ -6,9 +6,10 @@ next offset and newest timestamp of each partition it owns, journaled with each 
 in the same store transaction (``engine.publish``). So input is exactly-once without Kafka
 transactions or consumer-group commits: a restarted part reads on from its last published batch.
 A part looks for new partitions every ``discover_ms``, and again before its watermark passes
-records it has read (at most every 10 ms; the watermark holds until then), and reads a new one from
-its first offset: a record written to a new partition before the part read a newer one elsewhere
-is not late.
+records it has read (a look at most every 10 ms while records come: the watermark holds until the
+next, and the part reads no longer than that meanwhile), and reads a new one from its first offset:
+a record written to a new partition before the part read a newer one elsewhere is not late. A look
+the broker does not answer holds the watermark until one it answers.
 It reads with ``isolation.level=read_committed``: records of aborted or open transactions are never
 injected.
 
@@ -124,17 +125,15 @@ class KafkaPart(Injector):
         consumer = self._consumer()
         at_end: set[int] = set()
         assigned: set[int] = set()
-        discovered: int | None = None
-        looked = float("-inf")  # by the monotonic clock
+        looked = self._look(consumer, state, assigned) or float("-inf")  # assigns the resumed partitions
+        discovered, holding = self.clock(), False
         try:
             while True:
-                now = self.clock()
-                if discovered is None or now - discovered >= self.discover_ms:
-                    discovered = now
-                    looked = self._look(consumer, state, assigned)
+                # holding a watermark back: read no longer than until the next look may be made
+                wait = max(0.0, LOOK_EVERY_S - (time.monotonic() - looked)) if holding else self.poll_s
                 records: list[tuple[Any, int, str | None]] = []
                 dead: list[tuple[Any, int, str | None]] = []
-                for message in self._fetch(consumer) if state else []:
+                for message in self._fetch(consumer, wait) if state else self._idle(wait):
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -145,23 +144,29 @@ class KafkaPart(Injector):
                     p = message.partition()
                     at_end.discard(p)
                     self._take(message, state[p], published, records, dead)
+                now = self.clock()
                 mark = self._watermark(consumer, state, published, at_end)
-                done = self.bounded and state and at_end >= set(state)
-                if done:
+                ended = self.bounded and bool(state) and at_end >= set(state)
+                due, moves = now - discovered >= self.discover_ms, mark > published or ended
+                # a partition added since the last look may hold records behind what was just read:
+                # the watermark passes them only after a look made after the read
+                fresh = None
+                if due or (moves and time.monotonic() - looked >= LOOK_EVERY_S):
+                    discovered = now if due else discovered
+                    fresh = self._look(consumer, state, assigned)
+                holding = moves and fresh is None
+                if holding:
+                    mark, ended = published, False
+                elif fresh is not None:
+                    looked = fresh
+                    mark = self._watermark(consumer, state, published, at_end)
+                    ended = self.bounded and bool(state) and at_end >= set(state)
+                if ended:
                     mark = END_OF_TIME
-                elif mark > published:
-                    # a partition added since the last look may hold records behind what was just
-                    # read: look again, after the read, before the watermark passes them (until
-                    # then it holds)
-                    if time.monotonic() - looked < LOOK_EVERY_S:
-                        mark = published
-                    else:
-                        looked = self._look(consumer, state, assigned)
-                        mark = self._watermark(consumer, state, published, at_end)
                 if records or dead or mark != published:
                     published = mark
                     yield InjectedBatch(records, mark, self._checkpoint(state, published), dead)
-                if done:
+                if ended:
                     return
         finally:
             consumer.close()
@@ -169,25 +174,35 @@ class KafkaPart(Injector):
                 self._asker.close()
                 self._asker = None
 
-    def _fetch(self, consumer: Any) -> list[Any]:
+    def _fetch(self, consumer: Any, wait_s: float) -> list[Any]:
         """Up to ``batch_size`` of what the consumer holds now; when it holds nothing, what comes
-        first within ``poll_s`` and what came with it. (librdkafka's batch call waits out its whole
+        first within ``wait_s`` and what came with it. (librdkafka's batch call waits out its whole
         timeout unless the batch fills: with it, a record waited up to ``poll_s`` to be injected.)"""
         held = consumer.consume(self.batch_size, 0)
         if held:
             return held
-        first = consumer.poll(self.poll_s)
+        first = consumer.poll(wait_s)
         if first is None:
             return []
         return [first, *consumer.consume(self.batch_size - 1, 0)] if self.batch_size > 1 else [first]
 
-    def _look(self, consumer: Any, state: dict[int, _Partition], assigned: set[int]) -> float:
+    @staticmethod
+    def _idle(wait_s: float) -> list[Any]:
+        """A part that owns no partition yet (more parts than partitions) waits between looks."""
+        time.sleep(wait_s)
+        return []
+
+    def _look(self, consumer: Any, state: dict[int, _Partition], assigned: set[int]) -> float | None:
         """Assigns this part's partitions not assigned yet, a new one from its first offset; returns
-        when it looked (monotonic)."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+        when it looked (monotonic), or None if the broker did not answer (the watermark holds)."""
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
         looked = time.monotonic()
-        new = [p for p in self._mine() if p not in assigned]
+        try:
+            mine = self._mine()
+        except KafkaException:
+            return None
+        new = [p for p in mine if p not in assigned]
         now = self.clock()
         for p in new:
             state.setdefault(p, _Partition(OFFSET_BEGINNING, None, now))

@@ -4,7 +4,9 @@ SQLite-only ``WITHOUT ROWID`` (every table has a primary key, so SQLite keeps ro
 ``segments`` and ``routes`` keep their rowid: their rows hold the bus's blobs, and in a table
 without rowid every comparison of a seek loads the row's whole payload (its overflow chain). With
 rowid, a seek walks the primary key's index and reads the one row it finds (``bench/store_layout.py``).
-The columns are the same either way, so a store made with either layout reads and writes alike.
+A rowid table, unlike one without, takes a NULL in a key column, so theirs say NOT NULL. The
+columns are the same either way, so a store made with either layout reads and writes alike (one
+made before keeps its slower layout).
 
 ``segments_by_time`` holds what the monitor counts (docs/monitoring.md): SQLite stores a row's
 columns in order, so reading a segment's ``created_at`` from the table walks its whole ``data``
@@ -50,7 +52,7 @@ CREATE INDEX IF NOT EXISTS seen_ranges_age ON seen_ranges(computation, shard, ne
 CREATE TABLE IF NOT EXISTS streams(
   stream TEXT, producer TEXT, PRIMARY KEY(stream, producer)){TABLE};
 CREATE TABLE IF NOT EXISTS segments(
-  stream TEXT, producer TEXT, batch {INT}, shard {INT}, count {INT} NOT NULL,
+  stream TEXT NOT NULL, producer TEXT NOT NULL, batch {INT} NOT NULL, shard {INT} NOT NULL, count {INT} NOT NULL,
   data {BLOB} NOT NULL, created_at {INT} NOT NULL,
   PRIMARY KEY(stream, producer, batch, shard));
 CREATE INDEX IF NOT EXISTS segments_by_batch ON segments(producer, batch, shard);
@@ -61,7 +63,8 @@ CREATE TABLE IF NOT EXISTS batches(
   completed_at {INT} NOT NULL, plan TEXT, plan_since {INT}, PRIMARY KEY(producer, batch)){TABLE};
 CREATE TABLE IF NOT EXISTS plans(id TEXT PRIMARY KEY, routes TEXT NOT NULL){TABLE};
 CREATE TABLE IF NOT EXISTS routes(
-  consumer TEXT, dest {INT}, producer TEXT, batch {INT}, stream TEXT, slot {INT}, count {INT} NOT NULL,
+  consumer TEXT NOT NULL, dest {INT} NOT NULL, producer TEXT NOT NULL, batch {INT} NOT NULL, stream TEXT NOT NULL,
+  slot {INT} NOT NULL, count {INT} NOT NULL,
   data {BLOB} NOT NULL, PRIMARY KEY(consumer, dest, producer, batch, stream, slot));
 CREATE INDEX IF NOT EXISTS routes_by_batch ON routes(consumer, producer, batch);
 CREATE TABLE IF NOT EXISTS interval_groups(

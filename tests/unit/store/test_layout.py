@@ -7,7 +7,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from headrace.names import meta
 from headrace.store.schema import schema_statements
+from headrace.store.versions import SCHEMA_VERSION
 from headrace.store.sqlite import SQLiteStore
 
 from .test_monitoring import publish, segment_reads
@@ -35,6 +37,8 @@ def test_a_store_whose_bus_tables_were_made_without_rowid_reads_and_writes_alike
         if any(f"TABLE IF NOT EXISTS {table}(" in statement for table in BLOB_TABLES):
             statement += " WITHOUT ROWID"
         db.execute(statement)
+    db.execute("INSERT INTO meta VALUES (?, ?)", (meta.SCHEMA_VERSION, str(SCHEMA_VERSION)))  # as a store made
+    db.commit()
     db.close()
     store = SQLiteStore(str(path))
     try:
