@@ -286,7 +286,7 @@ def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float
             rates.append(args.records / cont.seconds)
             print(f"  {keys:,} keys: continuous run {repeat + 1}: {rates[-1]:,.0f} records/s in {cont.seconds:.2f} s; "
                   f"interval commits journaled at {', '.join(f'{t:.2f}' for t in sorted(cont.commits_at))} s; "
-                  f"workers started at {', '.join(f'{t:.2f} s (pid {pid}, {seen(pid)})' for t, pid in cont.workers)}; "
+                  f"workers started at {', '.join(f'{t:.2f} s (pid {pid}, {seen(pid)})' for t, pid in cont.workers) or 'not recorded (a run deletes its workers rows as it stops)'}; "
                   f"intervals lost to the other worker: {', '.join(cont.fenced) or 'none'}",
                   flush=True)
         if args.repeats > 1:

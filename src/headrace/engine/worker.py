@@ -85,6 +85,7 @@ class Worker:
         self.started = clock()
         self._leases_checked = 0
         self.woken_by_commit = False  # whether a commit ended the last wait of ``run``
+        self.idle = False  # whether the last pass of ``run`` found no work
         self._free_checked: int | None = None
         self._wall_due: int | None = None  # its intervals' next wall timer (None: look it up)
         self._discovered = 0
@@ -177,7 +178,8 @@ class Worker:
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Passes while there is work; between them, sleep until a producer it reads commits, its
         leases need renewing, or one of its wall timers falls due. ``woken_by_commit`` tells
-        ``should_stop`` whether a commit woke it (a signal to stop is one), so it may look sooner."""
+        ``should_stop`` whether a commit woke it (a signal to stop is one), and ``idle`` whether its
+        last pass found nothing to do, so it may look sooner."""
         renew_every = self.lease_ms // 6  # a lease survives five missed renewals; a moved interval waits half a second
         self.store.wait_for_commits(self.channels(), 0)  # told of commits from now on
         woken = self.woken_by_commit = True
@@ -190,6 +192,7 @@ class Worker:
                 if woken or (self._wall_due is not None and self._wall_due <= now):
                     with collector_paused():
                         worked = self.step()
+                    self.idle = not worked
                     if worked:
                         continue
                 if self._wall_due is None:  # idle from here: when does a wall timer need a pass
