@@ -126,6 +126,7 @@ class ContinuousRunner(Driver):
         self.layouts: dict[str, int] = {}  # each computation's intervals now (rebalancing changes them)
         self.rebalancer: Rebalancer | None = None
         self._changing = threading.Lock()  # one change of the workers' job at a time
+        self._refreshing = threading.Lock()  # the authority's rounds and the driver's own, one at a time
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -168,7 +169,8 @@ class ContinuousRunner(Driver):
         try:
             while not self._stopping.wait(self.authority_every_ms / 1000):
                 try:
-                    self.refresh_watermarks(store)
+                    with self._refreshing:
+                        self.refresh_watermarks(store)
                 except Exception as exc:  # surfaced by wait(); the authority is not worth a silent death
                     self.errors.append(exc)
                     return
@@ -331,6 +333,15 @@ class ContinuousRunner(Driver):
     # -- waiting ------------------------------------------------------------------------------------
 
     def _computations_drained(self) -> bool:
+        """Asked once the injectors have ended: the driver's wait looks for the end itself, each
+        time it looks, rather than waiting for the authority's next round (up to a tenth of a
+        second after the last interval's commit)."""
+        if not self._at_end():
+            with self._refreshing:
+                self.refresh_watermarks()
+        return self._at_end()
+
+    def _at_end(self) -> bool:
         return all(self._marks.get(n, (0, 0))[1] == END_OF_TIME
                    for n in list(self.topology.computations) if n not in self.removed)
 
