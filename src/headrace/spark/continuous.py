@@ -335,8 +335,11 @@ class ContinuousRunner(Driver):
     def _computations_drained(self) -> bool:
         """Asked once the injectors have ended: the driver's wait looks for the end itself, each
         time it looks, rather than waiting for the authority's next round (up to a tenth of a
-        second after the last interval's commit)."""
-        if not self._at_end():
+        second after the last interval's commit). It only reads until every interval has reported
+        the end of time: journaling each look's watermarks while a landed backlog was worked
+        through (its injectors ended from the start) took the store's write lock from the workers."""
+        if not self._at_end() and all(self.store.low_watermarks(n)[1] == END_OF_TIME
+                                      for n in list(self.topology.computations) if n not in self.removed):
             with self._refreshing:
                 self.refresh_watermarks()
         return self._at_end()
