@@ -145,22 +145,21 @@ class KafkaPart(Injector):
                     at_end.discard(p)
                     self._take(message, state[p], published, records, dead)
                 now = self.clock()
-                mark = self._watermark(consumer, state, published, at_end)
-                ended = self.bounded and bool(state) and at_end >= set(state)
+                mark, ended = self._watermark(consumer, state, published, at_end), self._ended_all(state, at_end)
                 due, moves = now - discovered >= self.discover_ms, mark > published or ended
                 # a partition added since the last look may hold records behind what was just read:
                 # the watermark passes them only after a look made after the read
                 fresh = None
                 if due or (moves and time.monotonic() - looked >= LOOK_EVERY_S):
-                    discovered = now if due else discovered
+                    if due:
+                        discovered = now
                     fresh = self._look(consumer, state, assigned)
                 holding = moves and fresh is None
                 if holding:
                     mark, ended = published, False
                 elif fresh is not None:
                     looked = fresh
-                    mark = self._watermark(consumer, state, published, at_end)
-                    ended = self.bounded and bool(state) and at_end >= set(state)
+                    mark, ended = self._watermark(consumer, state, published, at_end), self._ended_all(state, at_end)
                 if ended:
                     mark = END_OF_TIME
                 if records or dead or mark != published:
@@ -173,6 +172,10 @@ class KafkaPart(Injector):
             if self._asker is not None:
                 self._asker.close()
                 self._asker = None
+
+    def _ended_all(self, state: dict[int, _Partition], at_end: set[int]) -> bool:
+        """A bounded part is done once every partition it owns was read to its end."""
+        return self.bounded and bool(state) and at_end >= set(state)
 
     def _fetch(self, consumer: Any, wait_s: float) -> list[Any]:
         """Up to ``batch_size`` of what the consumer holds now; when it holds nothing, what comes

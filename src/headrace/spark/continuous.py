@@ -147,7 +147,7 @@ class ContinuousRunner(Driver):
         return producers_of(self.topology, stream, self.mode, self.layouts)
 
     def routing(self, streams: frozenset[str] | None = None) -> RoutingPlan:
-        running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
+        running = frozenset(self._active())
         return routing_plan(self.topology, streams, running, self.layouts)
 
     def _start_computations(self) -> None:
@@ -254,7 +254,7 @@ class ContinuousRunner(Driver):
 
     def _run_job(self) -> None:
         sc = self.spark.sparkContext
-        running = frozenset(n for n in list(self.topology.computations) if n not in self.removed)
+        running = frozenset(self._active())
         plans = interval_plans(self.topology, self.retired, running, self.layouts)
         run_id = self.run_id
         while not self._stopping.is_set() and run_id == self.run_id:
@@ -338,15 +338,17 @@ class ContinuousRunner(Driver):
         second after the last interval's commit). It only reads until every interval has reported
         the end of time: journaling each look's watermarks while a landed backlog was worked
         through (its injectors ended from the start) took the store's write lock from the workers."""
-        if not self._at_end() and all(self.store.low_watermarks(n)[1] == END_OF_TIME
-                                      for n in list(self.topology.computations) if n not in self.removed):
+        if not self._at_end() and all(self.store.low_watermarks(n)[1] == END_OF_TIME for n in self._active()):
             with self._refreshing:
                 self.refresh_watermarks()
         return self._at_end()
 
     def _at_end(self) -> bool:
-        return all(self._marks.get(n, (0, 0))[1] == END_OF_TIME
-                   for n in list(self.topology.computations) if n not in self.removed)
+        return all(self._marks.get(n, (0, 0))[1] == END_OF_TIME for n in self._active())
+
+    def _active(self) -> list[str]:
+        """The topology's computations, less those removed while it runs."""
+        return [n for n in list(self.topology.computations) if n not in self.removed]
 
     def stats(self) -> dict[str, QueryStats]:
         out = {}

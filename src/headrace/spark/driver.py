@@ -205,36 +205,35 @@ class Driver:
                     injector.check()
             self._check_computations()
             for sink in self.sinks:
-                if isinstance(sink, Restartable) and self.restartable(f"the query of sink {sink.spec.name!r}",
-                                                                      sink.failure(), sink.progressed()):
-                    sink.restart()  # a Kafka sink is a writer thread, not a Spark query: its failures stand
+                # a Kafka sink is a writer thread, not a Spark query: its failures stand
+                if isinstance(sink, Restartable) and self.restartable(f"the query of sink {sink.spec.name!r}", sink):
+                    sink.restart()
                 sink.check()
             for name, progress in self.progress_queries.items():
-                if self.restartable(f"the progress query of computation {name!r}", progress.failure(),
-                                    progress.progressed()):
+                if self.restartable(f"the progress query of computation {name!r}", progress):
                     progress.restart()
                 progress.check()
         except Exception as exc:
             record_error(self.store, blamed(self.topology, exc), exc)
             raise
 
-    def restartable(self, what: str, failure: Any, progressed: bool) -> bool:
-        """Whether ``what``, a Spark query that failed with ``failure`` (None: it did not), starts
-        again from its checkpoint: when headrace did not raise the failure (a process under it
-        died: a Python source's runner SIGKILLed, a task out of retries), the run's failure budget
-        allows, and the query completed a batch (``progressed``) since its last restart or within
-        ``FRUITLESS_RESTARTS`` of them. A failure headrace raised (user code, bad input, a fence)
-        would come back, and so would one that fails a query each time before its first batch."""
+    def restartable(self, what: str, query: Restartable) -> bool:
+        """Whether ``what``, a Spark query, failed and starts again from its checkpoint: when
+        headrace did not raise the failure (a process under it died: a Python source's runner
+        SIGKILLed, a task out of retries), the run's failure budget allows, and the query completed
+        a batch since its last restart or within ``FRUITLESS_RESTARTS`` of them. A failure headrace
+        raised (user code, bad input, a fence) would come back, and so would one that fails a query
+        each time before its first batch."""
+        failure = query.failure()
         if failure is None or "headrace.errors." in str(failure):
             return False
-        fruitless = 0 if progressed else self._fruitless.get(what, 0) + 1
-        current = self.store.get_meta(meta.driver(self.topology.name))
+        fruitless = 0 if query.progressed() else self._fruitless.get(what, 0) + 1
         refused = None
         if fruitless > FRUITLESS_RESTARTS:
             refused = f"restarted {FRUITLESS_RESTARTS} times without completing a batch"
         elif not self._failures.spend(time.monotonic()):
             refused = f"{self._failures.limit} failures in {self._failures.window_s:.0f} s"
-        elif current != self.driver_id:
+        elif (current := self.store.get_meta(meta.driver(self.topology.name))) != self.driver_id:
             refused = f"superseded by driver {current}"
         if refused is not None:  # why the failure stands, beside it
             print(f"headrace: {what} failed and is not started again: {refused}",

@@ -122,7 +122,34 @@ class QueryStats:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-class ComputationQuery:
+class Restartable:
+    """A streaming query (a computation's, a sink's, a progress query's) that the driver starts
+    again after a failure under headrace (``Driver.restartable``): ``start`` and ``stop`` are the
+    subclass's."""
+
+    query: Any
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def failure(self) -> Any:
+        """The query's failure (a ``StreamingQueryException``), or None while it runs or ran well."""
+        return self.query.exception() if self.query is not None else None
+
+    def progressed(self) -> bool:
+        """Whether the query completed a batch since it started."""
+        return self.query is not None and self.query.lastProgress is not None
+
+    def restart(self) -> None:
+        """Start the failed query again: a sink's resumes from its checkpoint."""
+        self.stop()
+        self.start()
+
+
+class ComputationQuery(Restartable):
     """Starts, runs and stops the streaming query of one computation."""
 
     def __init__(self, spark: Any, spec: ComputationSpec, consumer: Consumer, routing: RoutingPlan, store_url: str,
@@ -207,9 +234,9 @@ class ComputationQuery:
         return sum(self.store.segment_records(stream, p, start["b"].get(p, 0), end["b"].get(p, 0))
                    for stream, producers in self.consumer.producers.items() for p in producers)
 
-    def failure(self) -> Any:
-        """The query's failure (a ``StreamingQueryException``), or None while it runs or ran well."""
-        return self.query.exception() if self.query is not None else None
+    def progressed(self) -> bool:
+        """Whether the query completed a batch (its ``_on_batch`` ran) since it started."""
+        return self.last_batch_id >= 0
 
     def check(self) -> None:
         """Raise the query's failure, if it failed."""
@@ -245,32 +272,6 @@ def observe_progress(df: Any) -> Any:
     return df.observe("headrace_batch", watermark.alias("watermark"),
                       F.count(F.when(F.col("kind") != CONTROL, 1)).alias("records"),
                       F.count(F.when(F.col("kind") == REJECTED, 1)).alias("rejected"))
-
-
-class Restartable:
-    """A streaming query (a sink's, a progress query's) that the driver starts again after a
-    failure under headrace (``Driver.restartable``): ``start`` and ``stop`` are the subclass's."""
-
-    query: Any
-
-    def start(self) -> Any:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def failure(self) -> Any:
-        """The query's failure, or None."""
-        return self.query.exception() if self.query is not None else None
-
-    def progressed(self) -> bool:
-        """Whether the query completed a batch since it started."""
-        return self.query is not None and self.query.lastProgress is not None
-
-    def restart(self) -> None:
-        """Start the failed query again: a sink's resumes from its checkpoint."""
-        self.stop()
-        self.start()
 
 
 def failure_detail(exc: Any) -> str:

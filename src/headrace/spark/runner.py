@@ -95,7 +95,7 @@ class MicroBatchRunner(Driver):
         for name, query in list(self.queries.items()):
             if name in self.removed or self.queries.get(name) is not query:
                 continue
-            if self.restartable(f"the query of computation {name!r}", query.failure(), query.last_batch_id >= 0):
+            if self.restartable(f"the query of computation {name!r}", query):
                 query.stop()
                 # a known computation resumes from its checkpoint; a new one from where it was asked to
                 self._start_query(name, query.start_from, query.stats)
