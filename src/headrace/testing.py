@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence, cast
 import pyarrow as pa
 
 from .engine import DedupCache, InputRecord, run_batch
-from .engine.intake import Consumer, plan_ranges, read_keyed, records_of, select
+from .engine.intake import Consumer, gather, plan_ranges
 from .engine.failures import construct, poison_input
 from .engine.publish import publish_injected
 from .engine.routing import RoutingPlan, Subscriber
@@ -127,12 +127,9 @@ class Harness:
         consumer = Consumer(self.name, self.options, {stream: extractor}, {stream: (producer,)},
                             schemas={s: c for s, c in self.schemas.items() if s == stream})
         ranges = plan_ranges(self.store, consumer, {producer: batch - 1}, self.store.producer_heads([producer]), {})
-        taken: list[InputRecord] = []
-        rejected: list[InputRecord] = []
-        for picked in select(consumer, read_keyed(self.store, consumer, ranges, None, {}), None):
-            mine, bad = records_of(consumer, picked)
-            taken.extend(r for rs in mine.values() for r in rs)
-            rejected.extend(r for rs in bad.values() for r in rs)
+        mine, bad = gather(self.store, consumer, ranges, None)
+        taken = [r for rs in mine.values() for r in rs]
+        rejected = [r for rs in bad.values() for r in rs]
         return self._run(taken, max(self._watermark, self.store.latest_batch(producer).output_watermark),  # type: ignore[union-attr]
                          rejected)
 

@@ -1,5 +1,5 @@
 """In micro-batch mode each value is unpickled once on its way to user code: its producer keyed it
-(keyed delivery), the read task passes its stored bytes on, and only the shard task decodes it.
+(keyed delivery), and the task that runs its shard's batch decodes it, once.
 Each value counts its unpickling in a file every process appends to."""
 
 from __future__ import annotations

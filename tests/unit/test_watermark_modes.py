@@ -1,10 +1,12 @@
 """The input low watermark of a computation is the same whichever runtime reads its input: the
 continuous worker (what its interval commits and quiet reports journal), the micro-batch
-source (the control row's watermark after a batch) and the harness (an injected batch), over
+source (the watermark after a batch its tasks carry) and the harness (an injected batch), over
 the same journal; no SparkSession needed (engine/intake.py ``input_watermark``)."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from headrace.engine.worker import Worker
 from headrace.model import BEGINNING_OF_TIME
 from headrace.names import CONTINUOUS, MICROBATCH
 from headrace.plans import consumer_of, interval_plans, producers_of, routing_plan
-from headrace.spark.source import HeadraceReader, encode_plan
+from headrace.spark.source import HeadraceReader, ShardPlan, encode_plan
 from headrace.store import open_store
 from headrace.testing import Harness
 
@@ -71,11 +73,16 @@ def continuous_watermark(url: str, t: Topology) -> int:
 
 
 def microbatch_watermark(url: str, t: Topology) -> int:
-    reader = HeadraceReader({"store": url, "plan": encode_plan(consumer_of(t, "Echo", MICROBATCH), Echo),
-                             "start": "beginning", "parallelism": "2"})
+    checkpoint = url[len("sqlite:///"):] + ".checkpoint"
+    reader = HeadraceReader({"store": url, "plan": encode_plan(ShardPlan(consumer_of(t, "Echo", MICROBATCH), Echo)),
+                             "checkpoint": checkpoint, "start": "beginning", "parallelism": "2"})
     try:
         start = reader.initialOffset()
-        parts = reader.partitions(start, reader.latestOffset(start))
+        end = reader.latestOffset(start)
+        os.makedirs(os.path.join(checkpoint, "offsets"))
+        with open(os.path.join(checkpoint, "offsets", "0"), "w") as f:  # as Spark logs the batch before planning it
+            f.write(json.dumps(end))
+        parts = reader.partitions(start, end)
         return int(parts[0].control[1])  # type: ignore[attr-defined]
     finally:
         reader.stop()

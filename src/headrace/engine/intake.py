@@ -1,6 +1,6 @@
 """One read side for every runtime (docs/architecture.md §3.7): from a range of each producer's
-batches to a consumer's per-interval input. The continuous worker, the micro-batch source and its
-shard tasks, and the harness all read through here, so they agree by construction on keys, bad
+batches to a consumer's per-interval input. The continuous worker, the micro-batch source's tasks
+and the harness all read through here (``gather``), so they agree by construction on keys, bad
 input, dead letters and watermarks.
 
     ranges ─► routed segments of the consumer's intervals (already keyed by their producer),
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Collection, Container, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import MISSING_MODULE_HINT, BadInputError
 from ..model import END_OF_TIME, ComputationOptions, KeyExtractor
@@ -30,8 +30,8 @@ from .routing import keys_of
 from .shard import ValueCheck
 from .watermark import input_low_watermark
 
-__all__ = ["Consumer", "Range", "Keyed", "Selected", "plan_ranges", "read_keyed", "select", "records_of",
-           "reject_rows", "decode_rows", "rejection", "input_watermark", "is_checked"]
+__all__ = ["Consumer", "Range", "Keyed", "Selected", "plan_ranges", "read_keyed", "select", "records_of", "gather",
+           "reject_rows", "rejection", "input_watermark", "is_checked"]
 
 DECODING = "decoding it"
 
@@ -340,6 +340,26 @@ def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[Inp
     return by_shard, rejected
 
 
+def gather(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], shards: Collection[int] | None,
+           shard_ids: dict[str, int] | None = None, fences: tuple[Fence, ...] = (),
+           folder_of: Callable[[int], Folder | None] = lambda shard: None, before: int | None = None,
+           ) -> tuple[dict[int, list[InputRecord]], dict[int, list[InputRecord]]]:
+    """The whole read side in one call: ``ranges`` read (``read_keyed``), the rows of ``shards``
+    (every interval: None) selected (``select``) and made records (``records_of``), by interval:
+    the records to deliver and the rejected ones."""
+    dests = None if shards is None or len(shards) >= consumer.shards else sorted(shards)
+    records: dict[int, list[InputRecord]] = {}
+    rejected: dict[int, list[InputRecord]] = {}
+    keyed = read_keyed(store, consumer, ranges, dests, {} if shard_ids is None else shard_ids)
+    for picked in select(consumer, keyed, shards, fences, folder_of, before):
+        taken, refused = records_of(consumer, picked)
+        for shard, rs in taken.items():
+            records.setdefault(shard, []).extend(rs)
+        for shard, rs in refused.items():
+            rejected.setdefault(shard, []).extend(rs)
+    return records, rejected
+
+
 def reject_rows(consumer: Consumer, streams: Sequence[str], raws: Sequence[bytes], stamps: Sequence[int],
                 ids: Sequence[str], errors: Sequence[str | None]) -> list[InputRecord]:
     """Records with no key (``errors`` says why) or whose value cannot be decoded, as dead letters:
@@ -353,24 +373,6 @@ def reject_rows(consumer: Consumer, streams: Sequence[str], raws: Sequence[bytes
             continue
         out.append(rejection(consumer, stream, None, _keying(consumer, stream), error or "no key", value, ts, rid))
     return out
-
-
-def decode_rows(consumer: Consumer, streams: Sequence[str], keys: Sequence[str], raws: Sequence[bytes],
-                stamps: Sequence[int], ids: Sequence[str],
-                checked: Sequence[bool]) -> tuple[list[InputRecord], list[InputRecord]]:
-    """Rows that crossed a shuffle with their values still stored (micro-batch shard tasks) as
-    records, decoded once; an undecodable one is rejected as ``records_of`` rejects it."""
-    out: list[InputRecord] = []
-    rejected: list[InputRecord] = []
-    loads = pickle.loads
-    for stream, key, raw, ts, rid, ok in zip(streams, keys, raws, stamps, ids, checked):
-        try:
-            value = loads(raw)
-        except Exception as exc:
-            rejected.append(rejection(consumer, stream, None, DECODING, _cause(exc), raw, ts, rid, exc))
-            continue
-        out.append((CheckedRecord if ok else InputRecord)(stream, key, value, ts, rid))
-    return out, rejected
 
 
 def rejection(consumer: Consumer, stream: str, key: str | None, stage: str, cause: str, value: Any,

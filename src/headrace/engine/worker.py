@@ -24,7 +24,7 @@ from ..names import interval
 from .batch import InputRecord, QuietReport, Routing, ShardBatch
 from .failures import construct
 from .groups import Group, Groups, OwnedInterval
-from .intake import Consumer, input_watermark, plan_ranges, read_keyed, records_of, select
+from .intake import Consumer, gather, input_watermark, plan_ranges
 from .monoid import Folder
 from .ports import Fence, Head, IntervalClaim, IntervalStore
 from .routing import RoutingPlan
@@ -329,15 +329,9 @@ class Worker:
         rejected: dict[int, list[InputRecord]] = {}
         ranges = plan_ranges(self.store, consumer, positions, heads, self._plans)
         if ranges:
-            dests = group.dests if len(group.shards) < consumer.shards else None
-            keyed = read_keyed(self.store, consumer, ranges, dests, self._shard_ids[plan.name])
             top = group.top if isinstance(code, MonoidComputation) else None
-            for picked in select(consumer, keyed, group.shards, self.fences[plan.name], folder_of, top):
-                taken, refused = records_of(consumer, picked)
-                for shard, rs in taken.items():
-                    records.setdefault(shard, []).extend(rs)
-                for shard, rs in refused.items():
-                    rejected.setdefault(shard, []).extend(rs)
+            records, rejected = gather(self.store, consumer, ranges, group.shards, self._shard_ids[plan.name],
+                                       self.fences[plan.name], folder_of, top)
         watermark = input_watermark(consumer, lambda p: self._mark_at(p, target[p], heads))
         return GroupRead(target, watermark, records, rejected, folders)
 

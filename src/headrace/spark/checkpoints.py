@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import OptionError
 from ..store import Store
 
-__all__ = ["checkpoint_root", "clear_unfinished_writes", "offsets_read", "logged_offset"]
+__all__ = ["checkpoint_root", "clear_unfinished_writes", "offsets_read", "logged_offset", "logged_batch"]
 
 
 def checkpoint_root(store: Store, topology: str, checkpoint_dir: str | None) -> str:
@@ -70,3 +70,11 @@ def logged_offset(path: str) -> dict[str, Any] | None:
             return offset
     except (OSError, ValueError, IndexError):
         return None
+
+
+def logged_batch(checkpoint: str, end: dict[str, Any]) -> int | None:
+    """The batch number (Spark's batch id + 1) of the batch whose end offset Spark logged as ``end``,
+    newest first (Spark logs a batch's offsets before it plans its tasks); None if none did."""
+    folder = os.path.join(checkpoint, "offsets")
+    ids = sorted((int(n) for n in os.listdir(folder) if n.isdigit()), reverse=True) if os.path.isdir(folder) else []
+    return next((i + 1 for i in ids if logged_offset(os.path.join(folder, str(i))) == end), None)

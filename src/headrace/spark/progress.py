@@ -7,9 +7,8 @@ Per computation the driver runs a light streaming query named ``headrace-<comput
 The source reads the computation's watermarks and counters from the store (``progress_of``) and
 emits one row when they changed since its last row, so each progress event's
 ``observedMetrics["headrace"]`` holds them. It is the one route in both modes: a continuous
-computation has no streaming query of its own, and in micro-batch mode the late and dead-letter
-counts are known only after the shard tasks, which run in ``foreachBatch`` jobs whose observed
-metrics Spark does not report (docs/monitoring.md, "In Spark's progress events").
+computation has no streaming query of its own, and the numbers are the store's cumulative
+counters (docs/monitoring.md, "In Spark's progress events").
 """
 
 from __future__ import annotations

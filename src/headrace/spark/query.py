@@ -1,9 +1,9 @@
 """One Structured Streaming query per computation.
 
-    headrace source (read through the intake, rows bound to their shard) ──► repartition by
-    shard ──► shard tasks (mapInArrow: decode, load, run user code, commit one transaction
-    each) ──► collect results on the driver ──► journal the batch as complete with the
-    computation's output low watermark (from the batch's offsets, as the source derives it).
+    headrace source (``spark/source.py``: a task per group of shards reads their input through
+    the intake and runs each shard's batch, one conditional transaction each) ──► a result row per
+    shard, collected on the driver ──► journal the batch as complete with the computation's output
+    low watermark (from the batch's offsets, as the source derives it).
 
 The batch number every shard commits under is Spark's batch id + 1, so a batch Spark replays
 after a crash finds its shards already committed and re-delivers instead of re-running.
@@ -13,105 +13,24 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import pyarrow as pa
-
-import pyarrow.compute as pc
-
-from ..engine import DedupCache, InputRecord, Partial, ShardBatch, finish_batch, run_shard_batch
-from ..engine.failures import construct
-from ..engine.runner import collector_paused
+from ..engine import finish_batch
 from ..engine.batch import Routing
-from ..engine.intake import Consumer, decode_rows, reject_rows
+from ..engine.intake import Consumer
 from ..engine.routing import RoutingPlan
-from ..errors import UserCodeError
+from ..errors import HeadraceError, UserCodeError
 from ..model import BEGINNING_OF_TIME
 from ..names import MICROBATCH
-from ..store import open_store, shared_store
+from ..store import open_store
 from ..store.monitoring import WHOLE_COMPUTATION
 from ..topology import ComputationSpec
 from .checkpoints import clear_unfinished_writes, logged_offset, offsets_read
-from .rows import CHECKED, CONTROL, PARTIAL, RECORD, REJECTED, ROW_SCHEMA, ddl
-from .source import batch_watermark, encode_plan
+from .source import ShardPlan, batch_watermark, encode_plan
 
 __all__ = ["ComputationQuery", "QueryStats"]
-
-# One row per shard a task ran: how its batch ended, for the driver.
-RESULT_SCHEMA = pa.schema([("shard", pa.int32()), ("outcome", pa.string()), ("counters", pa.string()),
-                           ("productions", pa.int64())])
-RESULT_DDL = ddl(RESULT_SCHEMA)
-
-_DEDUP = DedupCache()
-
-
-def make_shard_task(spec: ComputationSpec, consumer: Consumer, url: str, batch_no: int, sequencer: int,
-                    routing_plan: RoutingPlan, routing: Routing | None) -> Callable[..., Iterator[pa.RecordBatch]]:
-    name, options, cls = spec.name, spec.options, spec.cls
-    outputs = frozenset(spec.outputs)
-
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches), schema=ROW_SCHEMA)
-        if table.num_rows == 0:
-            return
-        table = table.take(pc.sort_indices(table, [("shard", "ascending")]))  # stable: each shard's rows in order
-        shards_col = table.column("shard").to_numpy()
-        starts = [0, *(int(i) + 1 for i in (shards_col[1:] != shards_col[:-1]).nonzero()[0]), len(shards_col)]
-        store = shared_store(url)
-        computation = construct(cls, spec.name)
-        rows: dict[str, list[Any]] = {"shard": [], "outcome": [], "counters": [], "productions": []}
-        for lo, hi in zip(starts, starts[1:]):
-            shard = int(shards_col[lo])
-            with collector_paused():  # run_shard_batch pauses it too: decoding allocates as much
-                control, records, rejected, partials = _shard_input(consumer, table.slice(lo, hi - lo))
-            if control is None:
-                continue
-            wm_before, wm_after, wall = control
-            batch = ShardBatch(name, shard, batch_no, records, wm_before, wm_after, wall, sequencer,
-                               consumer.dedup_streams, rejected, partials=partials)
-            result = run_shard_batch(computation, name, options, outputs, store, batch, _DEDUP, consumer.schemas,
-                                     routing_plan, routing)
-            rows["shard"].append(shard)
-            rows["outcome"].append(result.state.value)
-            rows["counters"].append(json.dumps(result.counters))
-            rows["productions"].append(len(result.productions))
-        yield pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)
-    return task
-
-
-def _shard_input(consumer: Consumer, part: pa.Table) -> tuple[tuple[int, int, int] | None, list[InputRecord],
-                                                                list[InputRecord], list[Partial]]:
-    """One shard's rows as its batch's input: the control row's watermarks and wall clock, its
-    records (values decoded once), its rejected ones and its partial aggregates."""
-    kinds = part.column("kind").to_pylist()
-    col = {name: part.column(name).to_pylist() for name in ("stream", "key", "value", "timestamp", "id", "error")}
-    control = None
-    records: list[InputRecord] = []
-    rejected: list[InputRecord] = []
-    partials: list[Partial] = []
-    def at(rows: list[int], column: str) -> list[Any]:
-        return [col[column][i] for i in rows]
-
-    plain = [i for i, k in enumerate(kinds) if k in (RECORD, CHECKED)]
-    if plain:
-        good, bad = decode_rows(consumer, at(plain, "stream"), at(plain, "key"), at(plain, "value"),
-                                at(plain, "timestamp"), at(plain, "id"), [kinds[i] == CHECKED for i in plain])
-        records.extend(good)
-        rejected.extend(bad)
-    refused = [i for i, k in enumerate(kinds) if k == REJECTED]
-    if refused:
-        rejected.extend(reject_rows(consumer, at(refused, "stream"), at(refused, "value"), at(refused, "timestamp"),
-                                    at(refused, "id"), at(refused, "error")))
-    for i, kind in enumerate(kinds):
-        if kind == PARTIAL:
-            partials.append(Partial(col["key"][i], col["timestamp"][i], *pickle.loads(col["value"][i])))
-        elif kind == CONTROL:
-            control = (part.column("wm_before")[i].as_py(), part.column("wm_after")[i].as_py(),
-                       part.column("wall")[i].as_py())
-    return control, records, rejected, partials
 
 
 @dataclass
@@ -178,12 +97,14 @@ class ComputationQuery(Restartable):
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        plan = ShardPlan(self.consumer, self.spec.cls, frozenset(self.spec.outputs), self.routing, self.sequencer)
         df = (self.spark.readStream.format("headrace")
-              .option("store", self.url).option("plan", encode_plan(self.consumer, self.spec.cls))
-              .option("start", self.start_from)
+              .option("store", self.url).option("plan", encode_plan(plan))
+              .option("checkpoint", self.checkpoint).option("start", self.start_from)
               .option("parallelism", str(self.spark.sparkContext.defaultParallelism)).load())
         df = observe_progress(df)
         clear_unfinished_writes(self.checkpoint)
+        self._plan_since = None
         self.query = (df.writeStream.foreachBatch(self._on_batch)
                       .option("checkpointLocation", self.checkpoint)
                       .queryName(f"headrace-{self.spec.name}-batches")
@@ -197,13 +118,16 @@ class ComputationQuery(Restartable):
         df.sparkSession.sparkContext.setJobDescription(
             f"headrace {spec.name}: batch {batch_no}, {'?' if records is None else records} records")
         self._plan_since = self._plan_since or batch_no
+        results = df.collect()  # runs the batch: the source's tasks are its shard tasks
+        if any((row.batch, row.since) != (batch_no, self._plan_since) for row in results):
+            raise HeadraceError(f"The batch of computation {spec.name!r} ran under the wrong number",
+                                got=sorted({(row.batch, row.since) for row in results}),
+                                hint=f"expected batch {batch_no} (Spark's batch {batch_id} + 1) of a run since batch "
+                                     f"{self._plan_since} for every shard; the query's checkpoint and its offset log "
+                                     "must be its own")
         routing = Routing(self.routing.id, self._plan_since, []) if self.routing.subscribers else None
-        results = (df.repartition(spec.options.shards, "part")
-                   .mapInArrow(make_shard_task(spec, self.consumer, self.url, batch_no, self.sequencer, self.routing,
-                                               routing), RESULT_DDL)
-                   .collect())
         self.last_batch_id = batch_id
-        # the same watermark the source's control rows carried: both derive it from the offsets alone
+        # the same watermark the source's tasks carried: both derive it from the offsets alone
         consumer = self.consumer.with_parts({s: list(end["b"]) for s in self.consumer.inputs})
         wm_after = batch_watermark(self.store, consumer, end)
         out = finish_batch(self.store, spec.name, batch_no, wm_after, self.stats.output_watermark, self.sequencer,
@@ -264,14 +188,13 @@ class ComputationQuery(Restartable):
 def observe_progress(df: Any) -> Any:
     """Observed metrics in each batch's ``StreamingQueryProgress.observedMetrics["headrace_batch"]``:
     the computation's input low watermark after the batch, and the records and rejected (bad
-    input) rows the batch read. The numbers known only after the shard tasks are in the
-    computation's progress query (``spark/progress.py``)."""
+    input) records the batch read. The counters of what its shards did are in the computation's
+    progress query (``spark/progress.py``)."""
     from pyspark.sql import functions as F
 
-    watermark = F.max(F.when(F.col("kind") == CONTROL, F.col("wm_after")))
-    return df.observe("headrace_batch", watermark.alias("watermark"),
-                      F.count(F.when(F.col("kind") != CONTROL, 1)).alias("records"),
-                      F.count(F.when(F.col("kind") == REJECTED, 1)).alias("rejected"))
+    return df.observe("headrace_batch", F.max("watermark").alias("watermark"),
+                      F.coalesce(F.sum("records"), F.lit(0)).alias("records"),
+                      F.coalesce(F.sum("rejected"), F.lit(0)).alias("rejected"))
 
 
 def failure_detail(exc: Any) -> str:

@@ -1,13 +1,20 @@
-"""The ``headrace`` Spark streaming source: a micro-batch computation's view of its input streams.
+"""The ``headrace`` Spark streaming source: a micro-batch computation's batches, run where they are read.
 
-An offset is ``{"b": {producer: last completed batch}, "wall": ms}``. A micro-batch reads what its
-producers completed in (start, end] through the intake (``engine/intake.py``): the computation's
-routed segments, split among the read tasks by shard, and, for batches not routed for it, the
-streams' segments, split by batch and keyed in the read. One control row per shard carries the
-input low watermark before and after the batch and the wall clock, all derived from the offsets
-alone, so a replayed batch sees exactly what the first attempt saw. The offset moves when a
-producer completes a batch (data or only a watermark) or when a wall timer of the consumer falls
-due, which starts a batch even with no rows, so timers fire.
+An offset is ``{"b": {producer: last completed batch}, "wall": ms}``. A micro-batch covers what the
+computation's producers completed in (start, end]. Its read tasks are its shard tasks: each owns
+some of the computation's shards, reads their input through the intake (``engine/intake.py``:
+their routed segments, and the streams' segments keyed in the task where a batch is not routed
+for the computation), and runs each of its shards' batch (``run_shard_batch``: load, dedup, user
+code, one conditional commit). A task yields one result row per shard, for the driver's
+``finish_batch``. No row travels between Spark tasks: no shuffle, and no value crosses into the
+JVM.
+
+The watermarks before and after the batch and its wall clock are derived from the offsets alone,
+and its batch number from Spark's offset log (the batch whose logged end offset this is, plus
+one), so a batch Spark replays after a crash sees exactly what the first attempt saw and finds its
+shards' commits already made. The offset moves when a producer completes a batch (data or only a
+watermark) or when a wall timer of the consumer falls due, which starts a batch even with no
+records, so timers fire.
 """
 
 from __future__ import annotations
@@ -16,32 +23,60 @@ import base64
 import json
 import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from ..engine import DedupCache, ShardBatch, run_shard_batch
+from ..engine.batch import Routing
 from ..engine.failures import construct
-from ..engine.intake import Consumer, Range, input_watermark, plan_ranges, read_keyed, select
+from ..engine.intake import Consumer, Range, gather, input_watermark, plan_ranges
 from ..engine.monoid import Folder
+from ..engine.routing import EMPTY_PLAN, RoutingPlan
+from ..engine.runner import collector_paused
+from ..errors import HeadraceError, OptionError
 from ..model import BEGINNING_OF_TIME, Computation, MonoidComputation
 from ..store import open_store, shared_store
-from .rows import ROW_DDL, control_rows, partial_rows, partition_labels, selected_rows
+from .checkpoints import logged_batch
 
-__all__ = ["HeadraceSource", "encode_plan", "batch_watermark"]
+__all__ = ["HeadraceSource", "ShardPlan", "encode_plan", "batch_watermark", "RESULT_SCHEMA"]
+
+# One row per shard a task ran: how its batch ended, and what it read, for the driver
+RESULT_SCHEMA = pa.schema([
+    ("shard", pa.int32()), ("batch", pa.int64()), ("since", pa.int64()), ("outcome", pa.string()),
+    ("counters", pa.string()), ("productions", pa.int64()), ("records", pa.int64()), ("rejected", pa.int64()),
+    ("watermark", pa.int64()),
+])
+_DDL_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING"}
+RESULT_DDL = ", ".join(f"{f.name} {_DDL_TYPES[f.type]}" for f in RESULT_SCHEMA)
+
+_DEDUP = DedupCache()  # per Python worker process, kept between batches
 
 
-def encode_plan(consumer: Consumer, cls: type[Computation]) -> str:
-    """A computation's read side and class, for the source's options."""
+@dataclass(frozen=True)
+class ShardPlan:
+    """What a micro-batch computation's tasks need to run its batches: its read side and class,
+    its output streams, whom its productions are routed for, and the sequencer it commits under."""
+
+    consumer: Consumer
+    cls: type[Computation]
+    outputs: frozenset[str] = frozenset()
+    routing: RoutingPlan = EMPTY_PLAN
+    sequencer: int = 0
+
+
+def encode_plan(plan: ShardPlan) -> str:
+    """A computation's ``ShardPlan``, for the source's options."""
     from pyspark import cloudpickle
 
-    return base64.b64encode(cloudpickle.dumps((consumer, cls))).decode()
+    return base64.b64encode(cloudpickle.dumps(plan)).decode()
 
 
-def _decode_plan(text: str) -> tuple[Consumer, type[Computation]]:
-    consumer, cls = pickle.loads(base64.b64decode(text))
-    return consumer, cls
+def _decode_plan(text: str) -> ShardPlan:
+    plan: ShardPlan = pickle.loads(base64.b64decode(text))
+    return plan
 
 
 def batch_watermark(store: Any, consumer: Consumer, offset: dict[str, Any]) -> int:
@@ -52,12 +87,17 @@ def batch_watermark(store: Any, consumer: Consumer, offset: dict[str, Any]) -> i
 
 @dataclass
 class ReadPart(InputPartition):
-    """One read task: ``ranges`` of the consumer's shards ``dests`` (every shard: None)."""
+    """One task of batch ``batch``: ``ranges`` of the consumer's shards ``dests``; ``since``: this
+    run's first batch (the routing plan's start); ``control``: the input watermark before and after
+    the batch, and its wall clock; ``producers``: per input stream, its producers as the planner
+    knew them (with injector parts declared since the query started)."""
 
     ranges: list[Range]
-    dests: list[int] | None
-    wm_before: int  # the batch's input watermark before: a monoid's read folds no late record
-    control: tuple[int, int, int] | None = None  # (watermark before, after, wall clock): the first part's
+    dests: list[int]
+    batch: int
+    since: int
+    control: tuple[int, int, int]
+    producers: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class LazyStore:
@@ -79,16 +119,17 @@ class LazyStore:
 
 
 class HeadraceSource(DataSource):
-    """Options: ``store`` (URL), ``plan`` (``encode_plan``: the computation's read side and class),
-    ``start`` (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
-    ``parallelism`` (how many read tasks a batch may use: Spark's default parallelism)."""
+    """Options: ``store`` (URL), ``plan`` (``encode_plan`` of the computation's ``ShardPlan``),
+    ``checkpoint`` (the query's checkpoint folder: its offset log numbers the batches), ``start``
+    (``beginning``, ``now``, or milliseconds since the epoch to replay from that time),
+    ``parallelism`` (how many tasks a batch may use: Spark's default parallelism)."""
 
     @classmethod
     def name(cls) -> str:
         return "headrace"
 
     def schema(self) -> str:
-        return ROW_DDL
+        return RESULT_DDL
 
     def streamReader(self, schema: Any) -> "HeadraceReader":
         return HeadraceReader(dict(self.options))
@@ -97,10 +138,12 @@ class HeadraceSource(DataSource):
 class HeadraceReader(LazyStore, DataSourceStreamReader):
     def __init__(self, options: dict[str, str]):
         self.url = options["store"]
-        self.consumer, self.cls = _decode_plan(options["plan"])
+        self.plan = _decode_plan(options["plan"])
+        self.consumer = self.plan.consumer
+        self.checkpoint = options.get("checkpoint")
         self.start = options.get("start", "beginning")
         self.parallelism = max(1, int(options.get("parallelism", "2")))
-        self.labels = partition_labels(self.consumer.shards)
+        self._since: int | None = None
         self._plans: dict[str, Any] = {}
         self._discovered = 0.0
 
@@ -133,52 +176,62 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
         return {"b": {p: max(heads.get(p, 0), previous["b"].get(p, 0)) for p in producers}, "wall": wall}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if self.checkpoint is None:
+            raise OptionError(f"The headrace source of {self.consumer.name!r} has no checkpoint option", got=None,
+                              hint="pass .option('checkpoint', <the query's checkpointLocation>)")
+        batch = logged_batch(self.checkpoint, end)
+        if batch is None:
+            raise HeadraceError(f"Spark's offset log of {self.consumer.name!r} has no batch that ends at {end}",
+                                got=self.checkpoint, hint="the query's checkpointLocation must be the folder passed "
+                                                          "as the source's checkpoint option")
+        self._since = self._since or batch  # a query's first batch may have no input: it still starts the run
         if start == end:
             return []
         consumer = self.consumer
         control = (batch_watermark(self.store, consumer, start), batch_watermark(self.store, consumer, end),
                    end.get("wall", 0))
         ranges = plan_ranges(self.store, consumer, start["b"], self.store.heads_at(end["b"]), self._plans)
-        routed = [r for r in ranges if r.layout == consumer.shards]
-        keyed_here = [r for r in ranges if r.layout != consumer.shards]
-        # as many read tasks as cores: enough to read on all of them, and no more, since every
-        # task costs a round trip to a Python worker whatever its size
+        # as many tasks as cores, each with its share of the shards: a batch not routed for the
+        # computation is read and keyed once per task, and every task costs a Python worker round trip
         tasks = min(self.parallelism, consumer.shards)
-        before = control[0]
-        parts = [ReadPart(routed, list(range(i, consumer.shards, tasks)), before) for i in range(tasks)] if routed else []
-        for r in keyed_here:
-            step = max(1, -(-(r.upto - r.after) // self.parallelism))
-            parts.extend(ReadPart([r._replace(after=b, upto=min(b + step, r.upto))], None, before)
-                         for b in range(r.after, r.upto, step))
-        if not parts:
-            return [ReadPart([], [], before, control)]
-        parts[0].control = control
-        return parts
+        return [ReadPart(ranges, list(range(i, consumer.shards, tasks)), batch, self._since, control,
+                         dict(consumer.producers)) for i in range(tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         part: ReadPart = partition  # type: ignore[assignment]
-        consumer = self.consumer
-        if part.control is not None:
-            yield control_rows(consumer.shards, self.labels, *part.control)
-        if not part.ranges:
-            return
+        # this reader was made from the query's options: the parts declared since are the planner's
+        plan, consumer = self.plan, self.consumer.with_parts(part.producers)
         store = shared_store(self.url)
+        code = construct(plan.cls, consumer.name)
+        before, after, wall = part.control
         folders: dict[int, Folder] = {}
-        monoid = construct(self.cls, self.consumer.name) if issubclass(self.cls, MonoidComputation) else None
 
-        def folder_of(shard: int) -> Folder | None:
-            if monoid is None:
+        def folder_of(shard: int) -> Folder | None:  # a monoid's records are folded as they are read
+            if not isinstance(code, MonoidComputation):
                 return None
             if shard not in folders:
-                folders[shard] = Folder(monoid, consumer.name, part.wm_before)
+                folders[shard] = Folder(code, consumer.name, before)
             return folders[shard]
 
-        keyed = read_keyed(store, consumer, part.ranges, part.dests, {})
-        for picked in select(consumer, keyed, None if part.dests is None else set(part.dests), (), folder_of,
-                             part.wm_before if monoid is not None else None):
-            yield selected_rows(picked, self.labels, consumer.schemas)
-        if any(f.slots for f in folders.values()):
-            yield partial_rows(folders, self.labels)
+        with collector_paused():  # run_shard_batch pauses it too: reading allocates as much
+            records, rejected = gather(store, consumer, part.ranges, set(part.dests), None, (), folder_of,
+                                       before if isinstance(code, MonoidComputation) else None)
+        routing = Routing(plan.routing.id, part.since, []) if plan.routing.subscribers else None
+        rows: dict[str, list[Any]] = {f.name: [] for f in RESULT_SCHEMA}
+        for shard in part.dests:
+            folder = folders.get(shard)
+            partials = folder.partials() if folder is not None else []
+            batch = ShardBatch(consumer.name, shard, part.batch, records.get(shard, []), before, after, wall,
+                               plan.sequencer, consumer.dedup_streams, rejected.get(shard, []), partials=partials)
+            result = run_shard_batch(code, consumer.name, consumer.options, plan.outputs, store, batch, _DEDUP,
+                                     consumer.schemas, plan.routing, routing)
+            for name, value in (("shard", shard), ("batch", part.batch), ("since", part.since),
+                                ("outcome", result.state.value), ("counters", json.dumps(result.counters)),
+                                ("productions", len(result.productions)),
+                                ("records", len(batch.records) + len(batch.rejected) + sum(p.records for p in partials)),
+                                ("rejected", len(batch.rejected)), ("watermark", after)):
+                rows[name].append(value)
+        yield pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass

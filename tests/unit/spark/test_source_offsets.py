@@ -1,8 +1,11 @@
-"""spark/source.py: the ``headrace`` source's offsets, partitions and reads, on a real SQLite store,
-with the options the runner passes (``ComputationQuery.start``); no SparkSession needed."""
+"""spark/source.py: the ``headrace`` source's offsets, partitions and reads (each task runs its
+shards' batch), on a real SQLite store, with the options the runner passes
+(``ComputationQuery.start``) and an offset log written as Spark writes it; no SparkSession needed."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,8 +19,9 @@ from headrace.engine.batch import DueTimer
 from headrace.engine.intake import Consumer
 from headrace.model import BEGINNING_OF_TIME, ComputationOptions
 from headrace.spark import source
-from headrace.spark.rows import CONTROL, RECORD
-from headrace.spark.source import HeadraceReader, ReadPart, encode_plan
+from headrace.errors import HeadraceError
+from headrace.names import MICROBATCH, injector
+from headrace.spark.source import HeadraceReader, ReadPart, ShardPlan, encode_plan
 from headrace.store import Store, open_store
 
 EVENTS, CLICKS = "inject:events", "inject:clicks"
@@ -45,7 +49,20 @@ def store(url: str) -> Iterator[Store]:
 
 
 @pytest.fixture
-def make_reader(url: str) -> Iterator[MakeReader]:
+def checkpoint(tmp_path: Path) -> str:
+    return str(tmp_path / "checkpoint")
+
+
+def log_offsets(checkpoint: str, *ends: dict[str, Any]) -> None:
+    """Spark's offset log of batches 0, 1, ... ending at ``ends``, in Spark's file format."""
+    os.makedirs(os.path.join(checkpoint, "offsets"), exist_ok=True)
+    for batch_id, end in enumerate(ends):
+        with open(os.path.join(checkpoint, "offsets", str(batch_id)), "w") as f:
+            f.write('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n' + json.dumps(end) + "\n")
+
+
+@pytest.fixture
+def make_reader(url: str, store: Store, checkpoint: str) -> Iterator[MakeReader]:
     readers: list[HeadraceReader] = []
 
     def make(start: str = "beginning", parallelism: int = 2,
@@ -53,7 +70,9 @@ def make_reader(url: str) -> Iterator[MakeReader]:
         consumer = Consumer("Counter", ComputationOptions(shards=SHARDS),
                             {stream: key_by("user") for stream, _ in subscriptions},
                             {stream: (producer,) for stream, producer in subscriptions})
-        reader = HeadraceReader({"store": url, "plan": encode_plan(consumer, Counter), "start": start,
+        store.register("Counter", SHARDS, MICROBATCH)
+        plan = ShardPlan(consumer, Counter, sequencer=store.acquire_writer("Counter"))
+        reader = HeadraceReader({"store": url, "plan": encode_plan(plan), "checkpoint": checkpoint, "start": start,
                                  "parallelism": str(parallelism)})
         readers.append(reader)
         return reader
@@ -175,96 +194,151 @@ def test_latest_offset_moves_when_a_wall_timer_of_the_consumer_falls_due(store: 
 
 # -- partitions ----------------------------------------------------------------------------------
 
-def covered(parts: list[ReadPart], producer: str | None = None) -> list[int]:
-    return [b for p in parts for r in p.ranges if producer in (None, r.producer) for b in range(r.after + 1, r.upto + 1)]
+def covered(part: ReadPart, producer: str | None = None) -> list[int]:
+    return [b for r in part.ranges if producer in (None, r.producer) for b in range(r.after + 1, r.upto + 1)]
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3, 4, 8])
-def test_partitions_cover_exactly_the_new_batches_in_at_most_parallelism_ranges(
-        store: Store, make_reader: MakeReader, parallelism: int) -> None:
+def test_each_task_reads_exactly_the_new_batches_for_its_share_of_the_shards(
+        store: Store, make_reader: MakeReader, checkpoint: str, parallelism: int) -> None:
     for batch in range(1, 8):
         publish(store, EVENTS, batch, batch * 10)
     reader = make_reader(parallelism=parallelism, subscriptions=[("events", EVENTS)])
     for first in range(0, 8):
         for last in range(first + 1, 8):
-            parts = reader.partitions({"b": {EVENTS: first}, "wall": 0}, {"b": {EVENTS: last}, "wall": 0})
-            assert all(isinstance(p, ReadPart) and [r.producer for r in p.ranges] == [EVENTS] for p in parts)
-            assert covered(parts) == list(range(first + 1, last + 1)), (first, last)
-            assert 1 <= len(parts) <= parallelism
+            end = {"b": {EVENTS: last}, "wall": 0}
+            log_offsets(checkpoint, end)
+            parts = reader.partitions({"b": {EVENTS: first}, "wall": 0}, end)
+            assert all(isinstance(p, ReadPart) and covered(p) == list(range(first + 1, last + 1)) for p in parts)
+            assert len(parts) == min(parallelism, SHARDS)
+            assert sorted(s for p in parts for s in p.dests) == list(range(SHARDS))
 
 
-def test_each_subscription_gets_its_own_ranges(store: Store, make_reader: MakeReader) -> None:
+def test_each_subscription_gets_its_own_ranges(store: Store, make_reader: MakeReader, checkpoint: str) -> None:
     for batch in range(1, 8):
         publish(store, EVENTS, batch, batch * 10)
     for batch in range(1, 4):
         publish(store, CLICKS, batch, batch * 10 + 5)
-    parts = make_reader(parallelism=2).partitions(offset(1, 0), offset(7, 3, wall=99))
-    events = [p for p in parts if p.ranges[0].producer == EVENTS]
-    clicks = [p for p in parts if p.ranges[0].producer == CLICKS]
-    assert (covered(events), covered(clicks)) == ([2, 3, 4, 5, 6, 7], [1, 2, 3])
-    assert len(events) <= 2 and len(clicks) <= 2 and len(parts) == len(events) + len(clicks)
+    log_offsets(checkpoint, offset(7, 3, wall=99))
+    for part in make_reader(parallelism=2).partitions(offset(1, 0), offset(7, 3, wall=99)):
+        assert (covered(part, EVENTS), covered(part, CLICKS)) == ([2, 3, 4, 5, 6, 7], [1, 2, 3])
 
 
-def test_the_control_row_carries_watermarks_derived_from_the_offsets(store: Store, make_reader: MakeReader) -> None:
+def test_every_task_carries_the_watermarks_derived_from_the_offsets(store: Store, make_reader: MakeReader,
+                                                                    checkpoint: str) -> None:
     for batch in range(1, 8):
         publish(store, EVENTS, batch, batch * 10)
     for batch in range(1, 4):
         publish(store, CLICKS, batch, batch * 10 + 5)
     reader = make_reader()
+    log_offsets(checkpoint, offset(1, 0), offset(7, 3, wall=99), offset(4, 3, wall=5))
 
     parts = reader.partitions(offset(1, 0), offset(7, 3, wall=99))
     # before: clicks had completed nothing, so nothing bounds its input yet from below
-    assert parts[0].control == (BEGINNING_OF_TIME, min(70, 35), 99)
-    assert [p.control for p in parts[1:]] == [None] * (len(parts) - 1)
-
+    assert [p.control for p in parts] == [(BEGINNING_OF_TIME, min(70, 35), 99)] * SHARDS
     later = reader.partitions(offset(3, 1), offset(4, 3, wall=5))
-    assert later[0].control == (min(30, 15), min(40, 35), 5)
+    assert [p.control for p in later] == [(min(30, 15), min(40, 35), 5)] * SHARDS
 
 
-def test_a_batch_with_only_a_wall_clock_move_is_one_control_partition(store: Store, make_reader: MakeReader) -> None:
+def test_a_batch_with_only_a_wall_clock_move_runs_every_shard(store: Store, make_reader: MakeReader,
+                                                              checkpoint: str) -> None:
     publish(store, EVENTS, 1, 10)
     publish(store, CLICKS, 1, 20)
     reader = make_reader()
+    log_offsets(checkpoint, offset(1, 1), offset(1, 1, wall=500))
     assert reader.partitions(offset(1, 1), offset(1, 1)) == []
-    assert reader.partitions(offset(1, 1), offset(1, 1, wall=500)) == [ReadPart([], [], 10, (10, 10, 500))]
+    producers = {"events": (EVENTS,), "clicks": (CLICKS,)}
+    assert reader.partitions(offset(1, 1), offset(1, 1, wall=500)) == [  # since the empty batch 1
+        ReadPart([], [0], 2, 1, (10, 10, 500), producers), ReadPart([], [1], 2, 1, (10, 10, 500), producers)]
 
 
-# -- reading -------------------------------------------------------------------------------------
+def test_the_batch_number_is_the_logged_batch_of_its_end_offset_and_the_first_one_starts_the_routing(
+        store: Store, make_reader: MakeReader, checkpoint: str) -> None:
+    for batch in range(1, 4):
+        publish(store, EVENTS, batch, batch * 10)
+    log_offsets(checkpoint, offset(1, 0), offset(2, 0), offset(3, 0))
+    reader = make_reader()
+    # a restarted query replays its last logged batch first: Spark's batch id 2, headrace's batch 3
+    assert {(p.batch, p.since) for p in reader.partitions(offset(2, 0), offset(3, 0))} == {(3, 3)}
+    log_offsets(checkpoint, offset(1, 0), offset(2, 0), offset(3, 0), offset(3, 0, wall=9))
+    assert {(p.batch, p.since) for p in reader.partitions(offset(3, 0), offset(3, 0, wall=9))} == {(4, 3)}
+
+
+def test_an_end_offset_that_spark_did_not_log_is_refused(store: Store, make_reader: MakeReader,
+                                                         checkpoint: str) -> None:
+    publish(store, EVENTS, 1, 10)
+    log_offsets(checkpoint, offset(0, 0, wall=3))
+    with pytest.raises(HeadraceError, match=r"Spark's offset log of 'Counter' has no batch that ends at "
+                                            r"\{'b': \{'inject:clicks': 0, 'inject:events': 1\}, 'wall': 0\}"):
+        make_reader().partitions(offset(0, 0), offset(1, 0))
+
+
+# -- reading: each task runs its shards' batch ------------------------------------------------------
 
 def read_all(reader: HeadraceReader, start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, Any]]:
     return [row for partition in reader.partitions(start, end) for rb in reader.read(partition)
             for row in rb.to_pylist()]
 
 
-def test_a_read_yields_the_batches_records_keyed_and_one_control_row_per_shard(store: Store,
-                                                                                make_reader: MakeReader) -> None:
+def counts(store: Store, *users: str) -> dict[str, int]:
+    codec = ComputationOptions(shards=SHARDS).codec
+    return {u: codec.decode(store.state("Counter", u)) for u in users if store.state("Counter", u) is not None}
+
+
+def test_a_read_runs_each_shards_batch_on_the_records_of_its_keys(store: Store, make_reader: MakeReader,
+                                                                  checkpoint: str) -> None:
     publish(store, EVENTS, 1, 10, users=("old",))
     publish(store, EVENTS, 2, 20, users=("ana", "bo"))
     publish(store, EVENTS, 3, 30, users=("cy",))
-    publish(store, CLICKS, 1, 15, users=("dee",))
+    publish(store, CLICKS, 1, 15, users=("dee", "ana"))
+    log_offsets(checkpoint, offset(1, 0), offset(3, 1, wall=7))
     rows = read_all(make_reader(), offset(1, 0), offset(3, 1, wall=7))
-    controls = [r for r in rows if r["kind"] == CONTROL]
-    assert [(r["shard"], r["wm_before"], r["wm_after"], r["wall"]) for r in controls] == [
-        (s, BEGINNING_OF_TIME, 15, 7) for s in range(SHARDS)]
-    records = sorted((r["stream"], r["key"], r["id"]) for r in rows if r["kind"] == RECORD)
-    assert records == [("clicks", "dee", "inject:clicks:1:0"), ("events", "ana", "inject:events:2:0"),
-                       ("events", "bo", "inject:events:2:1"), ("events", "cy", "inject:events:3:0")]
+    assert sorted(r["shard"] for r in rows) == list(range(SHARDS))
+    assert {(r["batch"], r["outcome"], r["watermark"]) for r in rows} == {(2, "committed", 15)}
+    assert sum(r["records"] for r in rows) == 5 and sum(r["rejected"] for r in rows) == 0
+    assert counts(store, "old", "ana", "bo", "cy", "dee") == {"ana": 2, "bo": 1, "cy": 1, "dee": 1}
 
 
-def test_reading_the_same_offsets_twice_yields_the_same_rows(store: Store, make_reader: MakeReader,
-                                                             clock: SimpleNamespace) -> None:
+def test_a_replayed_batch_finds_its_commits_made_and_runs_no_code_again(store: Store, make_reader: MakeReader,
+                                                                        checkpoint: str, clock: SimpleNamespace) -> None:
     for batch in range(1, 6):
         publish(store, EVENTS, batch, batch * 10, users=("ana", "bo", f"u{batch}"))
     for batch in range(1, 3):
         publish(store, CLICKS, batch, batch * 10 + 5, users=(f"c{batch}",))
     start, end = offset(1, 0), offset(5, 2, wall=40)
+    log_offsets(checkpoint, start, end)
     first = read_all(make_reader(), start, end)
-    assert len(first) == 4 * 3 + 2 * 1 + SHARDS
+    assert sum(r["records"] for r in first) == 4 * 3 + 2 * 1
+    assert {r["outcome"] for r in first} == {"committed"}
 
-    # the world moves on: more batches, a wall timer; a replay after a restart reads the same rows
+    # the world moves on: more batches, a later clock; a replay after a restart reads the same input
     for batch in range(6, 9):
         publish(store, EVENTS, batch, batch * 10)
     publish(store, CLICKS, 3, 35)
-    set_timer(store, "Counter", "wall", 1)
     clock.ms = 10_000
-    assert read_all(make_reader(), start, end) == first
+    again = read_all(make_reader(), start, end)
+    assert {r["outcome"] for r in again} == {"redelivered"}
+    assert [(r["shard"], r["records"]) for r in again] == [(r["shard"], r["records"]) for r in first]
+    assert counts(store, "ana", "bo") == {"ana": 4, "bo": 4}
+
+
+def test_a_task_reads_the_injector_parts_declared_after_its_query_started(
+        store: Store, make_reader: MakeReader, checkpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark makes the reader that runs a task anew from the query's options: the parts the planner
+    found since the query started travel with the task, or their records would be skipped."""
+    seconds = SimpleNamespace(s=10.0)  # the planner looks for new parts once a second
+    monkeypatch.setattr(source, "time", SimpleNamespace(time=time.time, monotonic=lambda: seconds.s))
+    part = injector("events", 1)
+    planner = make_reader(subscriptions=[("events", EVENTS)])
+    start = planner.initialOffset()
+    seconds.s += 2
+    store.declare_stream("events", EVENTS, part)
+    publish(store, EVENTS, 1, 10, users=("ana",))
+    store.publish(part, 1, {"events": [Production("events", None, {"user": "bo"}, 11, f"{part}:1:0")]}, 11)
+    end = planner.latestOffset(start, None)
+    assert end["b"] == {EVENTS: 1, part: 1}
+    log_offsets(checkpoint, end)
+    runner = make_reader(subscriptions=[("events", EVENTS)])
+    rows = [row for p in planner.partitions(start, end) for rb in runner.read(p) for row in rb.to_pylist()]
+    assert sum(r["records"] for r in rows) == 2
+    assert counts(store, "ana", "bo") == {"ana": 1, "bo": 1}
