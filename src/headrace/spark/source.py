@@ -199,6 +199,15 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         part: ReadPart = partition  # type: ignore[assignment]
+        # one pause for the whole task, each shard's records dropped once its batch ran: the
+        # collector, back on, finds little left to walk (paused around the read alone, it walked
+        # every record the task had read as soon as the read ended: 0.1 s for 250,000 records)
+        with collector_paused():
+            rows = self._run(part)
+        yield pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)
+
+    def _run(self, part: ReadPart) -> dict[str, list[Any]]:
+        """Read the part's input and run each of its shards' batch: their result rows."""
         # this reader was made from the query's options: the parts declared since are the planner's
         plan, consumer = self.plan, self.consumer.with_parts(part.producers)
         store = shared_store(self.url)
@@ -213,16 +222,15 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
                 folders[shard] = Folder(code, consumer.name, before)
             return folders[shard]
 
-        with collector_paused():  # run_shard_batch pauses it too: reading allocates as much
-            records, rejected = gather(store, consumer, part.ranges, set(part.dests), None, (), folder_of,
-                                       before if isinstance(code, MonoidComputation) else None)
+        records, rejected = gather(store, consumer, part.ranges, set(part.dests), None, (), folder_of,
+                                   before if isinstance(code, MonoidComputation) else None)
         routing = Routing(plan.routing.id, part.since, []) if plan.routing.subscribers else None
         rows: dict[str, list[Any]] = {f.name: [] for f in RESULT_SCHEMA}
         for shard in part.dests:
-            folder = folders.get(shard)
+            folder = folders.pop(shard, None)
             partials = folder.partials() if folder is not None else []
-            batch = ShardBatch(consumer.name, shard, part.batch, records.get(shard, []), before, after, wall,
-                               plan.sequencer, consumer.dedup_streams, rejected.get(shard, []), partials=partials)
+            batch = ShardBatch(consumer.name, shard, part.batch, records.pop(shard, []), before, after, wall,
+                               plan.sequencer, consumer.dedup_streams, rejected.pop(shard, []), partials=partials)
             result = run_shard_batch(code, consumer.name, consumer.options, plan.outputs, store, batch, _DEDUP,
                                      consumer.schemas, plan.routing, routing)
             for name, value in (("shard", shard), ("batch", part.batch), ("since", part.since),
@@ -231,7 +239,8 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
                                 ("records", len(batch.records) + len(batch.rejected) + sum(p.records for p in partials)),
                                 ("rejected", len(batch.rejected)), ("watermark", after)):
                 rows[name].append(value)
-        yield pa.RecordBatch.from_pydict(rows, schema=RESULT_SCHEMA)
+            del batch, result, partials  # freed now, while the collector is paused
+        return rows
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
