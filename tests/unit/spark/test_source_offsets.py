@@ -19,7 +19,7 @@ from headrace.engine.batch import DueTimer
 from headrace.engine.intake import Consumer
 from headrace.model import BEGINNING_OF_TIME, ComputationOptions
 from headrace.spark import source
-from headrace.errors import HeadraceError
+from headrace.errors import HeadraceError, OptionError
 from headrace.names import MICROBATCH, injector
 from headrace.spark.source import HeadraceReader, ReadPart, ShardPlan, encode_plan
 from headrace.store import Store, open_store
@@ -262,6 +262,16 @@ def test_the_batch_number_is_the_logged_batch_of_its_end_offset_and_the_first_on
     assert {(p.batch, p.since) for p in reader.partitions(offset(2, 0), offset(3, 0))} == {(3, 3)}
     log_offsets(checkpoint, offset(1, 0), offset(2, 0), offset(3, 0), offset(3, 0, wall=9))
     assert {(p.batch, p.since) for p in reader.partitions(offset(3, 0), offset(3, 0, wall=9))} == {(4, 3)}
+
+
+def test_a_source_without_its_querys_checkpoint_is_refused(url: str, store: Store) -> None:
+    consumer = Consumer("Counter", ComputationOptions(shards=SHARDS), {"events": key_by("user")}, {"events": (EVENTS,)})
+    reader = HeadraceReader({"store": url, "plan": encode_plan(ShardPlan(consumer, Counter))})
+    with pytest.raises(OptionError, match=r"The headrace source of 'Counter' has no checkpoint option "
+                                          r"\(got \['plan', 'store'\]\)\. "
+                                          r"Hint: pass \.option\('checkpoint', <the query's checkpointLocation>\)"):
+        reader.partitions(offset(0, 0), offset(1, 0))
+    reader.stop()
 
 
 def test_an_end_offset_that_spark_did_not_log_is_refused(store: Store, make_reader: MakeReader,
