@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from headrace import Topology
+from headrace import Computation, Topology, injectors, key_by, read, run
 from headrace.errors import OptionError
 from headrace.spark.shipping import prepare_user_code, user_package
 
@@ -47,6 +47,30 @@ def test_a_shipped_package_folder_is_imported_on_the_python_workers_and_an_unshi
     answer, origin = imported_on_a_worker(spark, f"{name}.where")
     assert answer == 42
     assert f"{name}.zip" in origin and str(tmp_path) not in origin, origin  # the shipped copy, not the folder
+
+
+class ImportsItsPackage(Computation):
+    """User code that imports, as it runs, a package only the driver has (the record names it)."""
+
+    def process_record(self, ctx: Any, record: Any) -> None:
+        import importlib
+
+        ctx.produce("answers", importlib.import_module(record.value["module"]).ANSWER)
+
+
+@pytest.mark.parametrize("mode", ["microbatch", "continuous"])
+def test_a_computation_imports_a_shipped_package_as_it_runs_in_each_mode(spark: Any, tmp_path: Path,
+                                                                          mode: str) -> None:
+    """A micro-batch computation runs in its source's tasks, whose Python workers Spark starts
+    without the shipped py-files on their path (unlike a UDF's): the task puts them there."""
+    name = a_package(tmp_path / "user")
+    t = Topology(f"shipping_{mode}")
+    t.inject("events", injectors.records([{"module": f"{name}.where", "n": i} for i in range(6)],
+                                         timestamp=lambda v: 1_000 + v["n"]))
+    t.add(ImportsItsPackage, inputs={"events": key_by("n", int)}, outputs=["answers"], shards=2)
+    url = f"sqlite:///{tmp_path}/store.db"
+    run(t, store=url, spark=spark, progress=None, timeout_s=300, mode=mode, py_files=[str(tmp_path / "user" / name)])
+    assert sorted(r.value for r in read("answers", url)) == [42] * 6
 
 
 def test_user_package_names_the_top_level_folder_or_file_and_nothing_installed(tmp_path: Path) -> None:

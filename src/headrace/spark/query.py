@@ -28,6 +28,7 @@ from ..store import open_store
 from ..store.monitoring import WHOLE_COMPUTATION
 from ..topology import ComputationSpec
 from .checkpoints import clear_unfinished_writes, logged_offset, offsets_read
+from .shipping import shipped_files
 from .source import ShardPlan, batch_watermark, encode_plan
 
 __all__ = ["ComputationQuery", "QueryStats"]
@@ -97,7 +98,8 @@ class ComputationQuery(Restartable):
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        plan = ShardPlan(self.consumer, self.spec.cls, frozenset(self.spec.outputs), self.routing, self.sequencer)
+        plan = ShardPlan(self.consumer, self.spec.cls, frozenset(self.spec.outputs), self.routing, self.sequencer,
+                         shipped_files(self.spark))
         df = (self.spark.readStream.format("headrace")
               .option("store", self.url).option("plan", encode_plan(plan))
               .option("checkpoint", self.checkpoint).option("start", self.start_from)

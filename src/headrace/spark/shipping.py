@@ -15,7 +15,7 @@ from typing import Any, Sequence, TextIO
 from ..errors import OptionError
 from ..topology import Topology
 
-__all__ = ["prepare_user_code", "user_package"]
+__all__ = ["prepare_user_code", "user_package", "shipped_files", "put_shipped_on_path"]
 
 
 def _installed(path: str) -> bool:
@@ -98,3 +98,23 @@ def prepare_user_code(spark: Any, topology: Topology, py_files: Sequence[str] = 
         if progress is not None:
             print(f"headrace: shipped {path} to the executors", file=progress, flush=True)
     _pickle_by_value(topology)
+
+
+def shipped_files(spark: Any) -> tuple[str, ...]:
+    """The names of the py-files shipped to the executors so far (in each one's SparkFiles folder)."""
+    return tuple(spark.sparkContext._python_includes or ())
+
+
+def put_shipped_on_path(names: Sequence[str]) -> None:
+    """Put the shipped py-files on this Python worker's path, as PySpark does for a UDF's worker: the
+    worker that runs a Python data source's read gets none of them, so the user package a
+    computation imports would not be found there."""
+    from pyspark import SparkFiles
+
+    try:
+        root = SparkFiles.getRootDirectory()
+    except Exception:  # not a worker that Spark set up (a test calling the source directly)
+        return
+    for path in (root, *(os.path.join(root, name) for name in names)):
+        if path not in sys.path:
+            sys.path.insert(1, path)

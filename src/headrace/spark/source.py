@@ -40,6 +40,7 @@ from ..errors import HeadraceError, OptionError
 from ..model import BEGINNING_OF_TIME, Computation, MonoidComputation
 from ..store import open_store, shared_store
 from .checkpoints import logged_batch
+from .shipping import put_shipped_on_path
 
 __all__ = ["HeadraceSource", "ShardPlan", "encode_plan", "batch_watermark", "RESULT_SCHEMA"]
 
@@ -58,13 +59,15 @@ _DEDUP = DedupCache()  # per Python worker process, kept between batches
 @dataclass(frozen=True)
 class ShardPlan:
     """What a micro-batch computation's tasks need to run its batches: its read side and class,
-    its output streams, whom its productions are routed for, and the sequencer it commits under."""
+    its output streams, whom its productions are routed for, the sequencer it commits under, and
+    the py-files shipped to the executors (``spark/shipping.py``), which its user code may import."""
 
     consumer: Consumer
     cls: type[Computation]
     outputs: frozenset[str] = frozenset()
     routing: RoutingPlan = EMPTY_PLAN
     sequencer: int = 0
+    py_files: tuple[str, ...] = ()
 
 
 def encode_plan(plan: ShardPlan) -> str:
@@ -211,6 +214,7 @@ class HeadraceReader(LazyStore, DataSourceStreamReader):
         """Read the part's input and run each of its shards' batch: their result rows."""
         # this reader was made from the query's options: the parts declared since are the planner's
         plan, consumer = self.plan, self.consumer.with_parts(part.producers)
+        put_shipped_on_path(plan.py_files)
         store = shared_store(self.url)
         code = construct(plan.cls, consumer.name)
         before, after, wall = part.control
