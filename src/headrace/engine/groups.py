@@ -40,14 +40,6 @@ class Group:
     top: int
     shards: set[int] = field(default_factory=set)
     sequencers: Counter[int] = field(default_factory=Counter)  # its intervals' sequencers, how many each
-    _dests: list[int] | None = None
-
-    @property
-    def dests(self) -> list[int]:
-        """Its intervals, in order (kept until they change)."""
-        if self._dests is None:
-            self._dests = sorted(self.shards)
-        return self._dests
 
     def before(self, owned: OwnedInterval) -> int:
         """An interval's input watermark: its own, or its group's when that moved further."""
@@ -73,7 +65,6 @@ class Groups:
         group = self._at(positions, owned.claim.input_watermark)
         group.shards.add(owned.shard)
         group.sequencers[owned.claim.sequencer] += 1
-        group._dests = None
         group.top = max(group.top, owned.claim.input_watermark)
         self.owned[owned.shard] = owned
         self._of[owned.shard] = group
@@ -85,7 +76,6 @@ class Groups:
             group.shards.discard(shard)
             group.sequencers[owned.claim.sequencer] -= 1
             group.sequencers += Counter()  # drops the sequencers no interval holds any more
-            group._dests = None
             if not group.shards:
                 self._groups.remove(group)
 
@@ -99,7 +89,6 @@ class Groups:
         if twin is not None:  # intervals claimed at other positions caught up: one group again
             twin.shards |= group.shards
             twin.sequencers += group.sequencers
-            twin._dests = None
             twin.watermark = min(twin.watermark, group.watermark)
             twin.top = max(twin.top, group.top)
             for shard in group.shards:

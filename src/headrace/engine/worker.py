@@ -325,13 +325,10 @@ class Worker:
                 folders[shard] = Folder(code, plan.name, group.before(owned[shard]))
             return folders[shard]
 
-        records: dict[int, list[InputRecord]] = {}
-        rejected: dict[int, list[InputRecord]] = {}
         ranges = plan_ranges(self.store, consumer, positions, heads, self._plans)
-        if ranges:
-            top = group.top if isinstance(code, MonoidComputation) else None
-            records, rejected = gather(self.store, consumer, ranges, group.shards, self._shard_ids[plan.name],
-                                       self.fences[plan.name], folder_of, top)
+        top = group.top if isinstance(code, MonoidComputation) else None
+        records, rejected = gather(self.store, consumer, ranges, group.shards, self._shard_ids[plan.name],
+                                   self.fences[plan.name], folder_of, top) if ranges else ({}, {})
         watermark = input_watermark(consumer, lambda p: self._mark_at(p, target[p], heads))
         return GroupRead(target, watermark, records, rejected, folders)
 

@@ -110,11 +110,11 @@ def put_shipped_on_path(names: Sequence[str]) -> None:
     worker that runs a Python data source's read gets none of them, so the user package a
     computation imports would not be found there."""
     from pyspark import SparkFiles
+    from pyspark.worker_util import add_path  # what a UDF's worker puts them on its path with
 
     try:
         root = SparkFiles.getRootDirectory()
     except Exception:  # not a worker that Spark set up (a test calling the source directly)
         return
     for path in (root, *(os.path.join(root, name) for name in names)):
-        if path not in sys.path:
-            sys.path.insert(1, path)
+        add_path(path)
