@@ -83,7 +83,7 @@ def consume(bootstrap: str, topic: str, out: str, distinct: Any, stop: Any) -> N
     n), written to ``out`` as JSON once ``stop`` is set; how many distinct n so far in ``distinct``."""
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-latency-bench", "fetch.wait.max.ms": 5,
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-latency-bench",
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                          "enable.auto.commit": False})
     consumer.subscribe([topic])
@@ -91,7 +91,10 @@ def consume(bootstrap: str, topic: str, out: str, distinct: Any, stop: Any) -> N
     ns: set[int] = set()
     try:
         while not stop.is_set():
-            for m in consumer.consume(500, 0.01):
+            # consume(n, timeout) waits out its whole timeout unless n messages come, which would add
+            # up to that timeout to every latency: take what is there, else wait for the first one
+            messages = consumer.consume(500, 0) or [m for m in [consumer.poll(0.01)] if m is not None]
+            for m in messages:
                 if m.error() is None:
                     headers = dict(m.headers() or [])
                     n = json.loads(m.value())["n"]
