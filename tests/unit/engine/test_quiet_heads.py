@@ -43,7 +43,7 @@ def test_a_head_read_while_its_producer_commits_and_reports_keeps_the_watermark_
         setattr(consumer, name, read)
 
     then_race("journal_heads_of")
-    then_race("_quiet_marks")
+    then_race("_quiet_outputs")
     heads = consumer.producer_heads(producers)
     assert raced, "the producer moved between the two reads"
     for producer in producers:
