@@ -28,8 +28,8 @@ COMMIT_STEPS = (
     "timers",
     "seen_ids",
     "productions",
-    "version",
     "counters",
+    "version",
     "before_commit",
     "after_commit",
     "output",  # only with at-most-once output: productions in a transaction of their own, after the state's

@@ -8,9 +8,8 @@ dialect (``sqlite.py``, ``postgres.py``) fills in the hooks.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import StoreError
 
@@ -44,13 +43,6 @@ class Connection:
 
     def _in_transaction(self) -> bool:
         raise NotImplementedError
-
-    def _sent_together(self) -> ContextManager[None]:
-        """The statements inside go to the server without waiting for each one's answer, where the
-        database talks over a network (one round trip for all of them); their errors are raised at
-        its end, and their cursors' results are there only then. A plain statement must follow
-        inside the transaction (see PostgreSQL's)."""
-        return contextlib.nullcontext()
 
     def _begin(self, begin: str) -> None:
         """Start a transaction with ``begin`` (``BEGIN_WRITE`` or ``BEGIN_READ``)."""

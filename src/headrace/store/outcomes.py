@@ -1,8 +1,7 @@
 """The writes of key intervals' batch outcomes, in as few statements as the outcomes allow: a
 continuous worker's pass commits every interval that had work in one transaction, and its writes
 go out one statement per table, not one per interval (on PostgreSQL each statement is a round
-trip: a pass of six intervals took some 70 of them, 11 ms), and on PostgreSQL most of those
-statements go in one round trip (``_sent_together``).
+trip: a pass of six intervals took some 70 of them, 11 ms).
 
 The intervals' rows are locked and checked first, in one order, so each outcome the store must
 refuse (its writer fenced, its version moved on) is known before anything is written, and the
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from ..engine.batch import QuietReport, ShardCommit
+from ..engine.batch import ShardCommit
 from ..errors import FencedWriterError, StaleBatchError, StoreError
 from .bus import BusQueries, EncodedSegments
 
@@ -21,8 +20,6 @@ __all__ = ["OutcomeWrites"]
 
 class OutcomeWrites(BusQueries):
     """Locking, checking and writing several intervals' outcomes inside the caller's transaction."""
-
-    report_quiet: Callable[[Sequence[QuietReport]], None]  # IntervalQueries'
 
     def _refusals(self, commits: Sequence[ShardCommit]) -> list[StoreError | None]:
         """Lock each commit's interval row (``FOR UPDATE`` where the database has row locks: a
@@ -47,59 +44,50 @@ class OutcomeWrites(BusQueries):
         return [_refusal(c, rows.get((c.computation, c.shard))) for c in commits]
 
     def _write_outcomes(self, commits: Sequence[ShardCommit], encoded: Sequence[EncodedSegments | None],
-                        quiet: Sequence[QuietReport] = ()) -> None:
-        """The commits' writes (each already checked by ``_refusals``) and the pass's ``quiet``
-        reports, one statement per table and kind. All but the last two go to the server together
-        (``_sent_together``); the versions (whose rows are counted) and the counters follow."""
-        if not commits:
-            self.report_quiet(quiet)
-            return
+                        counters: bool = True) -> None:
+        """The commits' writes (each already checked by ``_refusals``), one statement per table
+        and kind; ``counters=False``: all but their counters (the caller writes them)."""
         step, many = self._step, self._xmany
-        with self._sent_together():
-            step("state")
-            many("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
-                 [(c.computation, k, v) for c in commits for k, v in c.state_writes if v is not None])
-            many("DELETE FROM state WHERE computation = ? AND key = ?",
-                 [(c.computation, k) for c in commits for k, v in c.state_writes if v is None])
-            # monoid partials merge without reading: a delta row per (key, window) and batch; a
-            # batch written twice (possible only without exactly-once's version check) adds nothing
-            many("DELETE FROM partials WHERE computation = ? AND key = ? AND window_end = ? AND batch < ?",
-                 [(c.computation, k, w, c.batch) for c in commits for k, w in c.partial_deletes])
-            many("INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, window_end, batch) "
-                 "DO NOTHING", [(c.computation, k, w, c.batch, c.shard, v) for c in commits for k, w, v in c.partial_writes])
-            step("timers")
-            many("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
-                 [(c.computation, k, t) for c in commits for k, t in c.timer_deletes])
-            many("INSERT INTO timers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, tag) DO UPDATE "
-                 "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
-                 [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for c in commits for t in c.timer_sets])
-            step("seen_ids")
-            many("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
-                 [(c.computation, c.shard, i, ts) for c in commits for i, ts in c.seen_ids])
-            # a range's low is an id new to the shard when written: another range has it only as a copy
-            many("INSERT INTO seen_ranges VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(computation, shard, prefix, low) "
-                 "DO NOTHING", [(c.computation, c.shard, *r) for c in commits for r in c.seen_ranges])
-            self._forget_ids(commits)
-            step("productions")
-            self._insert_segments(EncodedSegments([r for e in encoded if e is not None for r in e.segments],
-                                                  [r for e in encoded if e is not None for r in e.routes]))
-            many("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
-                 "DO UPDATE SET batch = excluded.batch",
-                 [(c.computation, c.shard, p, b) for c in commits for p, b in sorted((c.positions or {}).items())])
-            self._journal_intervals([c for c in commits if not c.productions_after_state])
-            self.report_quiet(quiet)
+        step("state")
+        many("INSERT INTO state VALUES (?, ?, ?) ON CONFLICT(computation, key) DO UPDATE SET value = excluded.value",
+             [(c.computation, k, v) for c in commits for k, v in c.state_writes if v is not None])
+        many("DELETE FROM state WHERE computation = ? AND key = ?",
+             [(c.computation, k) for c in commits for k, v in c.state_writes if v is None])
+        # monoid partials merge without reading: a delta row per (key, window) and batch; a
+        # batch written twice (possible only without exactly-once's version check) adds nothing
+        many("DELETE FROM partials WHERE computation = ? AND key = ? AND window_end = ? AND batch < ?",
+             [(c.computation, k, w, c.batch) for c in commits for k, w in c.partial_deletes])
+        many("INSERT INTO partials VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, window_end, batch) DO NOTHING",
+             [(c.computation, k, w, c.batch, c.shard, v) for c in commits for k, w, v in c.partial_writes])
+        step("timers")
+        many("DELETE FROM timers WHERE computation = ? AND key = ? AND tag = ?",
+             [(c.computation, k, t) for c in commits for k, t in c.timer_deletes])
+        many("INSERT INTO timers VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(computation, key, tag) DO UPDATE "
+             "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
+             [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for c in commits for t in c.timer_sets])
+        step("seen_ids")
+        many("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
+             [(c.computation, c.shard, i, ts) for c in commits for i, ts in c.seen_ids])
+        # a range's low is an id new to the shard when written: another range has it only as a copy
+        many("INSERT INTO seen_ranges VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(computation, shard, prefix, low) "
+             "DO NOTHING", [(c.computation, c.shard, *r) for c in commits for r in c.seen_ranges])
+        self._forget_ids(commits)
+        step("productions")
+        self._insert_segments(EncodedSegments([r for e in encoded if e is not None for r in e.segments],
+                                              [r for e in encoded if e is not None for r in e.routes]))
+        if counters:
+            step("counters")
+            totals: dict[tuple[str, str], int] = {}
+            for c in commits:
+                for name, value in c.counters.items():
+                    totals[(c.computation, name)] = totals.get((c.computation, name), 0) + value
+            self._write_counters(totals)
+        many("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
+             "DO UPDATE SET batch = excluded.batch",
+             [(c.computation, c.shard, p, b) for c in commits for p, b in sorted((c.positions or {}).items())])
         step("version")
         self._advance_versions(commits)
-        step("counters")
-        # last, summed over the commits: a computation's counter rows are shared by every worker,
-        # and a row written earlier stayed locked for the rest of the pass, so the other workers'
-        # passes queued behind it (on PostgreSQL: 0.6-0.8 ms a pass on average, up to 35 ms, at
-        # 2,000 records/s through three stages on two workers)
-        totals: dict[tuple[str, str], int] = {}
-        for c in commits:
-            for name, value in c.counters.items():
-                totals[(c.computation, name)] = totals.get((c.computation, name), 0) + value
-        self._write_counters(totals)
+        self._journal_intervals([c for c in commits if not c.productions_after_state])
 
     def _forget_ids(self, commits: Sequence[ShardCommit]) -> None:
         """Seen ids older than each commit's ``forget_ids_before``: one pair of statements per

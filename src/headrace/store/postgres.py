@@ -9,12 +9,11 @@ Journal writes of one producer are serialized by a transaction-scoped advisory l
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
 import select
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import StoreError
 from .connection import Failpoint
@@ -150,16 +149,6 @@ class PostgresStore(SQLStore):
 
     def _in_transaction(self) -> bool:
         return self._db.info.transaction_status != self._idle
-
-    @contextlib.contextmanager
-    def _sent_together(self) -> Iterator[None]:
-        """psycopg's pipeline mode: each statement is sent as it comes, its answer read at the end (a
-        pass's commit of six intervals went from eleven round trips to six). The server does not end an idle
-        transaction (``limit_idle_transactions``) after a pipeline until a plain statement has
-        run: psycopg ends a pipeline with a flush request after its sync, and the server starts
-        the timer only at a sync."""
-        with self._db.pipeline():
-            yield
 
     def _reclaim(self) -> None:
         """VACUUM the bus's tables after a trim, so the next writes reuse the space its deletes

@@ -18,7 +18,7 @@ from headrace.store import failpoints
 from headrace.store.failpoints import failpoint_from_env
 
 STEPS = ("['weak_productions', 'begin', 'check_sequencer', 'state', 'timers', 'seen_ids', 'productions', "
-         "'version', 'counters', 'before_commit', 'after_commit', 'output', 'after_output', 'stream_read', "
+         "'counters', 'version', 'before_commit', 'after_commit', 'output', 'after_output', 'stream_read', "
          "'rescale', 'lake_commit', 'sink_commit']")
 
 
