@@ -54,6 +54,9 @@ META_CHANNEL = "hr_meta"
 
 # ``INSERT INTO t[(columns)] VALUES (one row)[ ON CONFLICT …]``: its row repeated, for many rows
 _ONE_ROW_INSERT = re.compile(r"^(INSERT INTO \w+(?:\s*\([^()]*\))?\s+VALUES\s*)(\([^()]*\))(.*)$", re.S)
+# ``DELETE FROM t WHERE a = ? AND b < ? …``: each row's tests, a VALUES list's row joined to t
+_CONJUNCTIVE_DELETE = re.compile(r"^DELETE FROM (\w+) WHERE (.+)$", re.S)
+_COLUMN_TEST = re.compile(r"(\w+) (=|<|<=|>|>=) \?")
 MAX_PARAMETERS = 30_000  # a statement's parameters (the protocol allows 65,535)
 
 
@@ -131,14 +134,35 @@ class PostgresStore(SQLStore):
         elif rows:
             one_row = _ONE_ROW_INSERT.match(sql)
             if one_row is None or "?" in one_row.group(3):  # a parameter after the row: not repeatable
-                with self._db.cursor() as cur:
-                    cur.executemany(self._translate(sql), rows)
+                self._many_rows(sql, rows)
                 return
             head, row, tail = one_row.groups()
             per = max(1, MAX_PARAMETERS // len(rows[0]))
             for at in range(0, len(rows), per):
                 chunk = rows[at:at + per]
                 self._x(head + ", ".join([row] * len(chunk)) + tail, [x for r in chunk for x in r])
+
+    def _many_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """A ``DELETE FROM t WHERE a = ? AND b < ? …`` of many rows as one statement, its rows a
+        ``VALUES`` list joined to the table; anything else through psycopg's executemany. Not
+        executemany where it can be helped: it sends its statements in pipeline mode, after which
+        the server arms no idle-transaction timer until the next plain statement, so a writer
+        stopped right after one held its row locks for as long as it was silent."""
+        delete = _CONJUNCTIVE_DELETE.match(sql)
+        tests = [_COLUMN_TEST.fullmatch(t.strip()) for t in delete.group(2).split(" AND ")] if delete else []
+        if delete is None or None in tests or len(tests) != len(rows[0]):
+            with self._db.cursor() as cur:
+                cur.executemany(self._translate(sql), rows)
+            return
+        table = delete.group(1)
+        columns = ", ".join(f"c{i}" for i in range(len(tests)))
+        joined = " AND ".join(f"{table}.{t.group(1)} {t.group(2)} v.c{i}" for i, t in enumerate(tests) if t)
+        per = max(1, MAX_PARAMETERS // len(rows[0]))
+        for at in range(0, len(rows), per):
+            chunk = rows[at:at + per]
+            values = ", ".join(["(" + ", ".join(["?"] * len(tests)) + ")"] * len(chunk))
+            self._x(f"DELETE FROM {table} USING (VALUES {values}) AS v({columns}) WHERE {joined}",
+                    [x for r in chunk for x in r])
 
     def _translate(self, sql: str) -> str:
         """The shared queries use ``?``; psycopg wants ``%s`` (and ``%%`` for a literal ``%``)."""

@@ -299,6 +299,20 @@ def test_read_segments_returns_batches_after_upto_in_batch_and_shard_order(store
     assert C in store.stream_producers("side")
 
 
+def test_a_commit_deletes_many_rows_of_each_kind_and_only_those(store: Any, writer: int) -> None:
+    """Deletes of several rows go as one statement on PostgreSQL (a VALUES list joined to the
+    table): each deletes exactly its rows, and a partial only below the deleting batch."""
+    store.commit_shard(make_commit(1, 0, writer, state_writes=[(k, k.encode()) for k in "abcd"],
+                                   timer_sets=[DueTimer(k, "t", "watermark", 10) for k in "abc"],
+                                   partial_writes=[("k", 10, b"k1"), ("j", 20, b"j1"), ("m", 30, b"m1")]))
+    store.commit_shard(make_commit(2, 1, writer, state_writes=[("a", None), ("c", None), ("zz", None)],
+                                   timer_deletes=[("a", "t"), ("b", "t"), ("b", "nope")],
+                                   partial_deletes=[("k", 10), ("j", 20)], partial_writes=[("k", 10, b"k2")]))
+    assert {k: store.state(C, k) for k in "abcd"} == {"a": None, "b": b"b", "c": None, "d": b"d"}
+    assert {k: [t.tag for t in store.timers(C, k)] for k in "abc"} == {"a": [], "b": [], "c": ["t"]}
+    assert store.load_partials(C, 0, None) == {("k", 10): [b"k2"], ("m", 30): [b"m1"]}
+
+
 # -- timers ------------------------------------------------------------------------------------------------
 
 

@@ -116,7 +116,7 @@ def test_a_stream_is_declared_with_all_its_producers_at_once(store: Any) -> None
     assert store.stream_producers("out") == ["C/0", "C/1", "C/2", "inject:out"]
 
 
-@pytest.mark.parametrize("step", ["productions", "before_commit"])
+@pytest.mark.parametrize("step", ["timers", "productions", "before_commit"])
 def test_a_worker_silent_inside_a_commit_holds_its_locks_no_longer_than_its_limit(postgres_server: Any,
                                                                                   step: str) -> None:
     """PostgreSQL: a worker cut off from the server in the middle of a commit holds row locks (its
@@ -145,7 +145,8 @@ def test_a_worker_silent_inside_a_commit_holds_its_locks_no_longer_than_its_limi
     def commit() -> None:
         try:
             silent.commit_shards([ShardCommit(C, 0, 1, 0, claims[0].sequencer, counters={"records": 1},
-                                              state_writes=[("a", b"state")], seen_ids=[("in-1", 10)],
+                                              state_writes=[("a", b"state"), ("b", None), ("c", None)],
+                                              seen_ids=[("in-1", 10)],
                                               positions={"inject:in": 1}, journal_as=f"{C}/0")])
         except BaseException as exc:  # noqa: BLE001 - what the silent worker gets when it wakes
             failures.append(exc)
