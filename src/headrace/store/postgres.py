@@ -60,6 +60,24 @@ _COLUMN_TEST = re.compile(r"(\w+) (=|<|<=|>|>=) \?")
 MAX_PARAMETERS = 30_000  # a statement's parameters (the protocol allows 65,535)
 
 
+def _statement_of_many(sql: str, width: int) -> Callable[[int], str] | None:
+    """For a statement of one row of ``width`` parameters, the statement of ``n`` rows, where it
+    has one (``_ONE_ROW_INSERT``, ``_CONJUNCTIVE_DELETE``)."""
+    insert = _ONE_ROW_INSERT.match(sql)
+    if insert is not None and "?" not in insert.group(3):  # a parameter after the row: not repeatable
+        head, row, tail = insert.groups()
+        return lambda n: head + ", ".join([row] * n) + tail
+    delete = _CONJUNCTIVE_DELETE.match(sql)
+    tests = [_COLUMN_TEST.fullmatch(t.strip()) for t in delete.group(2).split(" AND ")] if delete else []
+    if delete is None or len(tests) != width or any(t is None for t in tests):
+        return None
+    table = delete.group(1)
+    columns = ", ".join(f"c{i}" for i in range(width))
+    joined = " AND ".join(f"{table}.{t.group(1)} {t.group(2)} v.c{i}" for i, t in enumerate(tests) if t)
+    row = "(" + ", ".join(["?"] * width) + ")"
+    return lambda n: f"DELETE FROM {table} USING (VALUES {', '.join([row] * n)}) AS v({columns}) WHERE {joined}"
+
+
 def channel(name: str) -> str:
     """The notification channel of a producer's computation or injected stream (``C/3`` -> ``C``)."""
     base, slash, shard = name.rpartition("/")
@@ -127,42 +145,24 @@ class PostgresStore(SQLStore):
 
     def _xmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """``sql`` once per row. An ``INSERT … VALUES (?, …)`` goes as one statement of many rows
-        (so no two rows may update one row ``ON CONFLICT``): a statement is a round trip, and
-        psycopg's executemany (pipeline mode) costs 0.2-0.4 ms even for a few rows."""
+        (so no two rows may update one row ``ON CONFLICT``), and a ``DELETE FROM t WHERE a = ? AND
+        b < ? …`` as one joined to a ``VALUES`` list of them: a statement is a round trip, and
+        psycopg's executemany (pipeline mode) costs 0.2-0.4 ms even for a few rows. Worse, after a
+        pipeline the server arms no idle-transaction timer (``limit_idle_transactions``) until the
+        next plain statement, so a writer stopped right after one held its row locks for as long as
+        it was silent: executemany only for what neither form fits."""
         if len(rows) == 1:  # executemany's pipeline costs a round trip of its own: 130 µs instead of 80
             self._x(sql, rows[0])
         elif rows:
-            one_row = _ONE_ROW_INSERT.match(sql)
-            if one_row is None or "?" in one_row.group(3):  # a parameter after the row: not repeatable
-                self._many_rows(sql, rows)
+            statement = _statement_of_many(sql, len(rows[0]))
+            if statement is None:
+                with self._db.cursor() as cur:
+                    cur.executemany(self._translate(sql), rows)
                 return
-            head, row, tail = one_row.groups()
             per = max(1, MAX_PARAMETERS // len(rows[0]))
             for at in range(0, len(rows), per):
                 chunk = rows[at:at + per]
-                self._x(head + ", ".join([row] * len(chunk)) + tail, [x for r in chunk for x in r])
-
-    def _many_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """A ``DELETE FROM t WHERE a = ? AND b < ? …`` of many rows as one statement, its rows a
-        ``VALUES`` list joined to the table; anything else through psycopg's executemany. Not
-        executemany where it can be helped: it sends its statements in pipeline mode, after which
-        the server arms no idle-transaction timer until the next plain statement, so a writer
-        stopped right after one held its row locks for as long as it was silent."""
-        delete = _CONJUNCTIVE_DELETE.match(sql)
-        tests = [_COLUMN_TEST.fullmatch(t.strip()) for t in delete.group(2).split(" AND ")] if delete else []
-        if delete is None or None in tests or len(tests) != len(rows[0]):
-            with self._db.cursor() as cur:
-                cur.executemany(self._translate(sql), rows)
-            return
-        table = delete.group(1)
-        columns = ", ".join(f"c{i}" for i in range(len(tests)))
-        joined = " AND ".join(f"{table}.{t.group(1)} {t.group(2)} v.c{i}" for i, t in enumerate(tests) if t)
-        per = max(1, MAX_PARAMETERS // len(rows[0]))
-        for at in range(0, len(rows), per):
-            chunk = rows[at:at + per]
-            values = ", ".join(["(" + ", ".join(["?"] * len(tests)) + ")"] * len(chunk))
-            self._x(f"DELETE FROM {table} USING (VALUES {values}) AS v({columns}) WHERE {joined}",
-                    [x for r in chunk for x in r])
+                self._x(statement(len(chunk)), [x for r in chunk for x in r])
 
     def _translate(self, sql: str) -> str:
         """The shared queries use ``?``; psycopg wants ``%s`` (and ``%%`` for a literal ``%``)."""
