@@ -82,7 +82,8 @@ class BusQueries(Connection):
             return {}
         values, param = self._values("p", producers)
         return {p: int(b) for p, b in self._all(
-            f"SELECT p, (SELECT MAX(batch) FROM batches WHERE producer = p) FROM {values}", (param,)) if b is not None}
+            f"SELECT p, (SELECT batch FROM batches WHERE producer = p ORDER BY batch DESC LIMIT 1) FROM {values}",
+            (param,)) if b is not None}
 
     def journal_heads_of(self, producers: list[str]) -> dict[str, Head]:
         """Each producer's last journaled batch with its output watermark and routing plan, in one
@@ -92,8 +93,7 @@ class BusQueries(Connection):
         values, param = self._values("p", sorted(set(producers)))
         return {str(p): Head(int(b), int(w), plan, None if since is None else int(since)) for p, b, w, plan, since in
                 self._all(f"SELECT b.producer, b.batch, b.output_watermark, b.plan, b.plan_since FROM {values} "
-                          "JOIN batches b ON b.producer = p AND b.batch = (SELECT MAX(batch) FROM batches "
-                          "WHERE producer = p)", (param,))}
+                          f"{self._latest_batch('p', 'b')}", (param,))}
 
     def heads_at(self, positions: Mapping[str, int]) -> dict[str, Head]:
         """Each producer's journal at a given batch, as ``journal_heads_of`` gives its last (a

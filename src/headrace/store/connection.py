@@ -61,10 +61,18 @@ class Connection:
         raise NotImplementedError
 
     def _per_range(self, ranges: str, rows: str, condition: str) -> str:
-        """A FROM item: ``ranges`` (``_ranges``' FROM item) joined to ``rows`` (a table and its
-        alias) on ``condition``, which names ``p``, ``lo`` and ``hi``: looked up range by range
-        through an index where the planner would otherwise scan every row of ``rows``."""
+        """A FROM item: ``ranges`` (a FROM item of one row per lookup: ``_ranges``' or ``_values``')
+        joined to ``rows`` (a table and its alias) on ``condition``, which names its columns:
+        looked up row by row through an index where the planner would otherwise scan every row
+        of ``rows``."""
         return f"{ranges} JOIN {rows} ON {condition}"
+
+    def _latest_batch(self, producer: str, alias: str, join: str = "JOIN") -> str:
+        """A ``join`` (``JOIN`` or ``LEFT JOIN``) that gives ``alias`` the journal's row of the
+        last batch of ``producer`` (an expression over the FROM items before it), looked up
+        through the journal's index."""
+        return (f"{join} batches {alias} ON {alias}.producer = {producer} AND {alias}.batch = "
+                f"(SELECT MAX(batch) FROM batches WHERE producer = {producer})")
 
     def _lock_producer(self, producer: str) -> None:
         """Serialize journal writes of one producer (no-op where BEGIN_WRITE already locks the database)."""

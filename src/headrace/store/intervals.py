@@ -208,14 +208,14 @@ class IntervalQueries(Rescaling, BusQueries):
         each journaled with its latest batch, or reported quiet since, in one query; an interval
         that did neither holds both at the beginning of time (the authority's read, §4.2)."""
         g = self.GREATEST
+        latest = self._latest_batch("s.computation || '/' || CAST(s.shard AS TEXT)", "b", "LEFT JOIN")
         shards, missing, inp, out = self._one(
             f"SELECT COUNT(*), SUM(CASE WHEN b.batch IS NULL AND q.sequencer IS NULL THEN 1 ELSE 0 END), "
             f"MIN({g}(COALESCE(b.input_watermark, q.input_watermark), COALESCE(q.input_watermark, b.input_watermark))), "
             f"MIN({g}(COALESCE(b.output_watermark, q.output_watermark), "
             f"COALESCE(q.output_watermark, b.output_watermark))) "
-            "FROM shards s LEFT JOIN batches b ON b.producer = s.computation || '/' || CAST(s.shard AS TEXT) "
-            "AND b.batch = (SELECT MAX(batch) FROM batches WHERE producer = s.computation || '/' || "
-            "CAST(s.shard AS TEXT)) LEFT JOIN interval_groups q ON q.computation = s.computation "
+            f"FROM shards s {latest} "
+            "LEFT JOIN interval_groups q ON q.computation = s.computation "
             "AND q.sequencer = s.sequencer WHERE s.computation = ?", (computation,))
         if int(shards) == 0:
             return END_OF_TIME, END_OF_TIME

@@ -96,10 +96,11 @@ class MonitorQueries(IntervalQueries):
         # one statement (a computation of 100,000 intervals is 100,000 producers): per producer, an
         # index seek for its head, then a range of its last ``recent`` batches
         values, param = self._values("p", sorted(set(producers)))
+        last = "(SELECT batch FROM batches WHERE producer = p ORDER BY batch DESC LIMIT 1)"
         for producer, at in self._all(
-                f"SELECT b.producer, b.completed_at FROM {values} JOIN batches b ON b.producer = p AND "
-                "b.batch > (SELECT MAX(batch) FROM batches WHERE producer = p) - ? WHERE b.completed_at >= ? "
-                "ORDER BY b.producer, b.batch", (param, recent, since_ms)):
+                f"SELECT b.producer, b.completed_at FROM "
+                f"{self._per_range(values, 'batches b', f'b.producer = p AND b.batch > {last} - ?')} "
+                "WHERE b.completed_at >= ? ORDER BY b.producer, b.batch", (param, recent, since_ms)):
             out.setdefault(str(producer), []).append(int(at))
         return out
 

@@ -112,9 +112,9 @@ class RetentionQueries(IntervalQueries):
                 segments += self._delete_in_steps("segments WHERE stream = ? AND producer = ?", (stream, producer),
                                                   int(gone))
                 # a reader needs the row of the batch it stands at (its watermark): keep it
-                head = self._one("SELECT MAX(batch) FROM batches WHERE producer = ?", (producer,))[0]
+                head = self.latest_batch(producer)
                 batches += self._delete_in_steps("batches WHERE producer = ?", (producer,),
-                                                 min(int(gone), upto - 1, int(head or 0) - 1))
+                                                 min(int(gone), upto - 1, (head.batch if head else 0) - 1))
         reports = int(self._x("DELETE FROM interval_groups WHERE NOT EXISTS (SELECT 1 FROM shards s WHERE "
                               "s.computation = interval_groups.computation AND s.sequencer = interval_groups.sequencer)"
                               ).rowcount)
