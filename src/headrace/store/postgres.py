@@ -118,7 +118,10 @@ class PostgresStore(SQLStore):
             # (a URL's own application_name wins)
             conninfo = url if not name or "application_name" in url else psycopg.conninfo.make_conninfo(
                 url, application_name=name)
-            self._db = psycopg.connect(conninfo, autocommit=True, connect_timeout=30)
+            # raw queries (``$1`` placeholders): psycopg parses a query with ``%s`` ones at every
+            # execution once it is longer than 4 kB, and a commit's rows make several that long
+            self._db = psycopg.connect(conninfo, autocommit=True, connect_timeout=30,
+                                       cursor_factory=psycopg.RawCursor)
         except (psycopg.OperationalError, psycopg.ProgrammingError) as e:
             # libpq may quote the connection string it could not parse: redact what it says too
             reason = redact_url(' '.join(str(e).split()))
@@ -175,10 +178,13 @@ class PostgresStore(SQLStore):
                 self._x(statement(len(chunk)), [x for r in chunk for x in r])
 
     def _translate(self, sql: str) -> str:
-        """The shared queries use ``?``; psycopg wants ``%s`` (and ``%%`` for a literal ``%``)."""
+        """The shared queries use ``?``; PostgreSQL's own placeholders are ``$1``, ``$2``, …"""
         out = self._sql.get(sql)
         if out is None:
-            out = self._sql[sql] = sql.replace("%", "%%").replace("?", "%s")
+            parts = sql.split("?")
+            out = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
+            if len(self._sql) < 10_000:  # a statement of many rows is one text per row count
+                self._sql[sql] = out
         return out
 
     def _in_transaction(self) -> bool:
