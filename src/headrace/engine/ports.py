@@ -230,7 +230,8 @@ class IntervalClaim(NamedTuple):
     ``shards`` is the computation's interval count in the store (a worker planned for another
     count belongs to an older layout). A record of producer ``p`` in batch ``b`` whose key was in
     old interval ``i`` of a fence ``(n, at)`` was already taken by that interval when
-    ``b <= at[i][p]`` (``i = shard_of(key, n)``): a rescaled interval skips it."""
+    ``b <= at[i][p]`` (``i = shard_of(key, n)``): a rescaled interval skips it. ``timed``: the
+    interval holds a timer (its owner sets any others in its own commits)."""
 
     sequencer: int
     version: int
@@ -238,6 +239,7 @@ class IntervalClaim(NamedTuple):
     positions: dict[str, int]
     shards: int = 0
     fences: tuple[Fence, ...] = ()
+    timed: bool = False
 
 
 class IntervalStore(ShardStore, Bus, Journal, Protocol):

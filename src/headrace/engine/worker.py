@@ -88,6 +88,9 @@ class Worker:
         self.idle = False  # whether the last pass of ``run`` found no work
         self._free_checked: int | None = None
         self._wall_due: int | None = None  # its intervals' next wall timer (None: look it up)
+        # the computations of which an interval it holds may hold a timer: one held one when it
+        # was claimed, or set one in a commit since (only an interval's owner sets its timers)
+        self.timed: set[str] = set()
         self._discovered = 0
         self._marks: dict[tuple[str, int], int] = {}
         self._plans: dict[str, Any] = {}  # routing plans read, by id
@@ -146,6 +149,8 @@ class Worker:
             self._check_layout(plan, claims)
             producers = self.consumers[plan.name].all_producers
             for shard, claim in claims.items():
+                if claim.timed:
+                    self.timed.add(plan.name)
                 self.fences[plan.name] = claim.fences
                 self.state_cache.drop(plan.name, shard)
                 groups.add(OwnedInterval(shard, claim), {p: claim.positions.get(p, 0) for p in producers})
@@ -198,7 +203,7 @@ class Worker:
                 if self._wall_due is None:  # idle from here: when does a wall timer need a pass
                     marks = [self.store.next_wall_timer(p.name, None if len(self.groups[p.name]) == p.options.shards
                                                         else sorted(self.groups[p.name].owned))
-                             for p in self.plans if len(self.groups[p.name])]
+                             for p in self.plans if len(self.groups[p.name]) and p.name in self.timed]
                     self._wall_due = min((m for m in marks if m is not None), default=END_OF_TIME)
                     if self._wall_due <= self.clock():
                         woken = True
@@ -235,7 +240,7 @@ class Worker:
         wall = self.clock()
         ready: list[tuple[IntervalPlan, Group, OwnedInterval, ShardBatch, PreparedBatch]] = []
         reads = [(plan, group, self._read(plan, group, heads)) for plan in self.plans for group in self.groups[plan.name]]
-        due = self.store.due_timer_shards([(plan.name, read.watermark) for plan, _, read in reads], wall)
+        due = self._due_timers(reads, wall)
         batches = [(plan, group, *b) for (plan, group, read), due_shards in zip(reads, due)
                    for b in self._batches(plan, group, read, due_shards, wall)]
         # the rows of the intervals whose state the cache serves (not a monoid's), in one read
@@ -254,16 +259,25 @@ class Worker:
             return False
         outcomes = commit_together(self.store, [prepared for *_, prepared in ready], reports)
         self._wall_due = None  # its commits may have set or fired wall timers
-        for (plan, group, owned, batch, _), outcome in zip(ready, outcomes):
+        for (plan, group, owned, batch, prepared), outcome in zip(ready, outcomes):
             if isinstance(outcome, StoreError):
                 self._lose(plan, owned, outcome)
             else:
+                if prepared.commit.timer_sets:
+                    self.timed.add(plan.name)
                 owned.claim = owned.claim._replace(version=batch.batch, input_watermark=batch.watermark_after)
                 owned.since = owned.since or batch.batch
                 group.top = max(group.top, batch.watermark_after)
                 self._count(plan.name, owned.shard, batch)
         self._moved(moved)
         return True
+
+    def _due_timers(self, reads: list[tuple[IntervalPlan, Group, GroupRead]], wall: int) -> list[list[int]]:
+        """For each group read, the intervals of its computation with a due timer: looked up, in one
+        statement, only for the computations whose intervals may hold one (``timed``)."""
+        wanted = [(plan.name, read.watermark) for plan, _, read in reads if plan.name in self.timed]
+        found = iter(self.store.due_timer_shards(wanted, wall) if wanted else [])
+        return [next(found) if plan.name in self.timed else [] for plan, _, _ in reads]
 
     def _count(self, computation: str, shard: int, batch: ShardBatch) -> None:
         """What an interval processed, for the driver's rebalancing: records, and up to two keys."""

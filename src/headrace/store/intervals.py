@@ -54,14 +54,16 @@ class IntervalQueries(Rescaling, BusQueries):
         with self._transaction():
             sequencer = self._next_sequencer(computation)  # first: every writer locks the computation, then shards
             # in shard order, as commits take them, so that PostgreSQL's row locks cannot deadlock
-            rows = self._all(f"SELECT shard, owner, lease_until, version, input_watermark FROM shards "
-                             f"WHERE computation = ? AND {condition} ORDER BY shard{self.FOR_UPDATE}",
+            rows = self._all(f"SELECT shard, owner, lease_until, version, input_watermark, EXISTS (SELECT 1 FROM "
+                             "timers t WHERE t.computation = shards.computation AND t.shard = shards.shard) "
+                             f"FROM shards WHERE computation = ? AND {condition} ORDER BY shard{self.FOR_UPDATE}",
                              (computation, param))
             missing = sorted(set(shards) - {int(r[0]) for r in rows})
             if missing:
                 raise StoreError(f"Shard {missing[0]} of {computation!r} does not exist in {self.shown_url}",
                                  got=missing[0], hint="register the computation with enough shards first")
-            taken = {int(s): (int(v), int(w)) for s, o, u, v, w in rows if o is None or o == owner or u < now}
+            taken = {int(s): (int(v), int(w)) for s, o, u, v, w, _ in rows if o is None or o == owner or u < now}
+            timed = {int(r[0]) for r in rows if r[5]}
             if not taken:
                 return {}
             condition, param = self._in_list("shard", sorted(taken))
@@ -80,7 +82,8 @@ class IntervalQueries(Rescaling, BusQueries):
             # read again under the computation's lock, which a rescaling takes too
             count = int(self._one("SELECT shards FROM computations WHERE name = ?", (computation,))[0])
             fences = self.fences_of(computation)
-        return {s: IntervalClaim(sequencer, v, w, positions[s], count, fences) for s, (v, w) in taken.items()}
+        return {s: IntervalClaim(sequencer, v, w, positions[s], count, fences, s in timed)
+                for s, (v, w) in taken.items()}
 
     def renew_leases(self, owner: str, lease_until: int) -> dict[tuple[str, int], int]:
         """Extend every lease ``owner`` still holds, in one statement; returns each kept interval's
