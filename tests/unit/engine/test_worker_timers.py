@@ -17,6 +17,8 @@ from headrace.names import interval as interval_producer
 from headrace.plans import interval_plans as plans_of, producers_of
 from headrace.store import Store, open_store
 
+from .test_worker import Clock
+
 SHARDS = 2
 LEASE_MS = 1_000
 INJECTOR = "inject:words"
@@ -31,14 +33,6 @@ class Reminder(Computation):
 
     def process_timer(self, ctx: Any, timer: Any) -> None:
         ctx.produce("reminded", {"word": ctx.key, "at": timer.timestamp})
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def topology() -> Topology:
