@@ -25,13 +25,13 @@ from ..model import END_OF_TIME, ComputationOptions, KeyExtractor
 from ..names import parse_producer
 from .batch import CheckedRecord, InputRecord, rows_by_shard, shard_of, shards_of
 from .monoid import Folder, columnar_parts, columnar_totals
-from .ports import Fence, Head, IntervalStore, SegmentColumns
+from .ports import Fence, Head, IntervalStore, RouteRequest, SegmentColumns
 from .routing import keys_of
 from .shard import ValueCheck
 from .watermark import input_low_watermark
 
-__all__ = ["Consumer", "Range", "Keyed", "Selected", "plan_ranges", "read_keyed", "select", "records_of", "gather",
-           "reject_rows", "rejection", "input_watermark", "is_checked"]
+__all__ = ["Consumer", "Range", "Keyed", "Selected", "plan_ranges", "route_requests", "reader_dests", "read_keyed",
+           "select", "records_of", "gather", "reject_rows", "rejection", "input_watermark", "is_checked"]
 
 DECODING = "decoding it"
 
@@ -159,16 +159,28 @@ class Keyed(NamedTuple):
     dest: int | None = None
 
 
+def route_requests(consumer: Consumer, ranges: Sequence[Range], dests: Sequence[int] | None) -> list[RouteRequest]:
+    """The ``read_routes`` calls ``read_keyed`` makes for ``ranges``: the segments routed under
+    the consumer's own layout, of ``dests``, and those routed under another, of every interval."""
+    n = consumer.shards
+    same = [(r.producer, r.after, r.upto) for r in ranges if r.layout == n]
+    other = [(r.producer, r.after, r.upto) for r in ranges if r.layout is not None and r.layout != n]
+    return [RouteRequest(consumer.name, wanted, d) for wanted, d in ((same, dests), (other, None)) if wanted]
+
+
+def reader_dests(consumer: Consumer, shards: Collection[int] | None) -> list[int] | None:
+    """The intervals a reader of ``shards`` (every interval: None) reads the routed segments of."""
+    return None if shards is None or len(shards) >= consumer.shards else sorted(shards)
+
+
 def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], dests: Sequence[int] | None,
                shard_ids: dict[str, int]) -> Iterator[Keyed]:
     """The consumer's records in ``ranges``: its routed segments of ``dests`` (every interval: None)
     where routed under its own layout, every interval's where routed under another (re-keyed to
     its own), and the streams' own segments keyed here where not routed."""
     n = consumer.shards
-    same = [(r.producer, r.after, r.upto) for r in ranges if r.layout == n]
-    other = [(r.producer, r.after, r.upto) for r in ranges if r.layout is not None and r.layout != n]
-    for wanted, layout_dests in ((same, dests), (other, None)):
-        for routed in store.read_routes(consumer.name, wanted, layout_dests) if wanted else ():
+    for request in route_requests(consumer, ranges, dests):
+        for routed in store.read_routes(*request):
             if routed.stream not in consumer.inputs:
                 continue
             keys = routed.seg.keys
@@ -347,7 +359,7 @@ def gather(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], sh
     """The whole read side in one call: ``ranges`` read (``read_keyed``), the rows of ``shards``
     (every interval: None) selected (``select``) and made records (``records_of``), by interval:
     the records to deliver and the rejected ones."""
-    dests = None if shards is None or len(shards) >= consumer.shards else sorted(shards)
+    dests = reader_dests(consumer, shards)
     records: dict[int, list[InputRecord]] = {}
     rejected: dict[int, list[InputRecord]] = {}
     keyed = read_keyed(store, consumer, ranges, dests, {} if shard_ids is None else shard_ids)

@@ -114,6 +114,14 @@ class RoutedSegment(NamedTuple):
     seg: SegmentColumns
 
 
+class RouteRequest(NamedTuple):
+    """The arguments of one ``read_routes`` call."""
+
+    consumer: str
+    ranges: Sequence[tuple[str, int, int]]
+    dests: Sequence[int] | None
+
+
 class ShardStore(Protocol):
     """State, timers, seen ids and versions of key shards; the atomic commit of one shard's batch."""
 
@@ -186,6 +194,11 @@ class Bus(Protocol):
 
     def read_routes(self, consumer: str, ranges: Sequence[tuple[str, int, int]],
                     dests: Sequence[int] | None = None) -> Iterator[RoutedSegment]: ...
+
+    def read_routes_ahead(self, requests: Sequence[RouteRequest]) -> None:
+        """The routed segments of several ``read_routes`` calls, read in one statement: each of
+        them that follows, with the same arguments, is served from it (once)."""
+        ...
 
     def check_replay(self, stream: str, producer: str, after: int) -> None:
         """Refuse to read ``producer``'s batches of ``stream`` after ``after`` when retention

@@ -24,7 +24,7 @@ from ..names import interval
 from .batch import InputRecord, QuietReport, Routing, ShardBatch
 from .failures import construct
 from .groups import Group, Groups, OwnedInterval
-from .intake import Consumer, gather, input_watermark, plan_ranges
+from .intake import Consumer, Range, gather, input_watermark, plan_ranges, reader_dests, route_requests
 from .monoid import Folder
 from .ports import Fence, Head, IntervalClaim, IntervalStore
 from .routing import RoutingPlan
@@ -239,7 +239,14 @@ class Worker:
         heads = self.store.producer_heads(self.channels())
         wall = self.clock()
         ready: list[tuple[IntervalPlan, Group, OwnedInterval, ShardBatch, PreparedBatch]] = []
-        reads = [(plan, group, self._read(plan, group, heads)) for plan in self.plans for group in self.groups[plan.name]]
+        groups = [(plan, group) for plan in self.plans for group in self.groups[plan.name]]
+        ranges = [plan_ranges(self.store, self.consumers[plan.name], group.positions, heads, self._plans)
+                  for plan, group in groups]
+        # every group's routed segments in one statement: a round trip per computation otherwise
+        self.store.read_routes_ahead([request for (plan, group), rs in zip(groups, ranges) for request in
+                                      route_requests(self.consumers[plan.name], rs,
+                                                     reader_dests(self.consumers[plan.name], group.shards))])
+        reads = [(plan, group, self._read(plan, group, heads, rs)) for (plan, group), rs in zip(groups, ranges)]
         due = self._due_timers(reads, wall)
         batches = [(plan, group, *b) for (plan, group, read), due_shards in zip(reads, due)
                    for b in self._batches(plan, group, read, due_shards, wall)]
@@ -322,9 +329,9 @@ class Worker:
                 out.append(QuietReport(key[0], key[1], state[0], state[1], state[1]))
         return out
 
-    def _read(self, plan: IntervalPlan, group: Group, heads: Mapping[str, Head]) -> GroupRead:
-        """A group's new input, read once (its intervals' routed segments), split by interval, and
-        the positions and watermark it reads up to."""
+    def _read(self, plan: IntervalPlan, group: Group, heads: Mapping[str, Head], ranges: list[Range]) -> GroupRead:
+        """A group's new input in ``ranges``, read once (its intervals' routed segments), split by
+        interval, and the positions and watermark it reads up to."""
         consumer = self.consumers[plan.name]
         positions = group.positions
         target = {p: max(heads[p].batch if p in heads else 0, positions.get(p, 0)) for p in consumer.all_producers}
@@ -339,7 +346,6 @@ class Worker:
                 folders[shard] = Folder(code, plan.name, group.before(owned[shard]))
             return folders[shard]
 
-        ranges = plan_ranges(self.store, consumer, positions, heads, self._plans)
         top = group.top if isinstance(code, MonoidComputation) else None
         records, rejected = gather(self.store, consumer, ranges, group.shards, self._shard_ids[plan.name],
                                    self.fences[plan.name], folder_of, top) if ranges else ({}, {})

@@ -8,7 +8,7 @@ import json
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from ..engine.batch import Production, Routing
-from ..engine.ports import BatchInfo, Head, RoutedSegment, SegmentColumns, StoredRecord
+from ..engine.ports import BatchInfo, Head, RoutedSegment, RouteRequest, SegmentColumns, StoredRecord
 from ..errors import FencedWriterError, StaleBatchError
 from ..schema import StreamSchema
 from .connection import Connection
@@ -26,11 +26,17 @@ class EncodedSegments(NamedTuple):
     routes: list[tuple[Any, ...]]
 
 
+def _request_key(request: RouteRequest) -> tuple[Any, ...]:
+    return (request.consumer, tuple(map(tuple, request.ranges)),
+            None if request.dests is None else tuple(sorted(set(request.dests))))
+
+
 class BusQueries(Connection):
     """Streams, segments, routed segments and the journal. A segment larger than ``segment_limit``
     bytes is stored in pieces (``segments.pieces``), which readers read in order as segments."""
 
     segment_limit: int = DEFAULT_SEGMENT_LIMIT  # open_store sets HEADRACE_SEGMENT_BYTES's
+    _ahead: dict[tuple[Any, ...], list[RoutedSegment]] | None = None  # read_routes_ahead's, by call
 
     # -- the journal ------------------------------------------------------------------------------
     def _journal(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
@@ -213,6 +219,10 @@ class BusQueries(Connection):
         upto)``, of every interval or of ``dests``, in one query, per producer in batch order."""
         if not ranges:
             return
+        ahead = self._ahead.pop(_request_key(RouteRequest(consumer, ranges, dests)), None) if self._ahead else None
+        if ahead is not None:
+            yield from ahead
+            return
         table, param = self._ranges(list(ranges))
         condition = "r.consumer = ? AND r.producer = p AND r.batch > lo AND r.batch <= hi"
         params: list[Any] = [param, consumer]
@@ -224,6 +234,27 @@ class BusQueries(Connection):
                " ORDER BY r.producer, r.batch, r.slot, r.stream, r.dest")
         for producer, batch, stream, dest, data in self._all(sql, params):
             yield RoutedSegment(str(producer), int(batch), str(stream), int(dest), segment_columns(data))
+
+    def read_routes_ahead(self, requests: Sequence[RouteRequest]) -> None:
+        """The routed segments of several ``read_routes`` calls (a worker's pass: one per
+        computation with new input), read in one statement; each of those calls that follows,
+        with the same arguments, is served from it, once. What a call before did not take is
+        dropped; a single call is left to ``read_routes``."""
+        self._ahead = {}
+        if len(requests) < 2:
+            return
+        rows = [(i, r.consumer, p, lo, hi, None if r.dests is None else sorted(set(r.dests)))
+                for i, r in enumerate(requests) for p, lo, hi in r.ranges]
+        table, param = self._records("i int, c text, p text, lo bigint, hi bigint, d bigint[]", rows)
+        condition = (f"r.consumer = c AND r.producer = p AND r.batch > lo AND r.batch <= hi "
+                     f"AND (d IS NULL OR {self._in_row_list('r.dest', 'd')})")
+        read: dict[int, list[RoutedSegment]] = {i: [] for i in range(len(requests))}
+        for i, producer, batch, stream, dest, data in self._all(
+                f"SELECT i, r.producer, r.batch, r.stream, r.dest, r.data FROM "
+                f"{self._per_range(table, 'routes r', condition)} ORDER BY i, r.producer, r.batch, r.slot, r.stream, "
+                "r.dest", (param,)):
+            read[int(i)].append(RoutedSegment(str(producer), int(batch), str(stream), int(dest), segment_columns(data)))
+        self._ahead = {_request_key(r): read[i] for i, r in enumerate(requests)}
 
     def read_segments(self, stream: str, producer: str, after_batch: int,
                       upto_batch: int) -> Iterator[tuple[int, StoredRecord]]:

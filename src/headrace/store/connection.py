@@ -58,6 +58,15 @@ class Connection:
 
     def _ranges(self, ranges: list[tuple[str, int, int]]) -> tuple[str, Any]:
         """A FROM item with one row ``(p, lo, hi)`` per range, and its one parameter."""
+        return self._records("p text, lo bigint, hi bigint", ranges)
+
+    def _records(self, columns: str, rows: Sequence[Sequence[Any]]) -> tuple[str, Any]:
+        """A FROM item with one row per ``rows`` item, in ``columns`` (``"name type, …"``, the
+        types PostgreSQL's: an array type takes a list), and its one parameter."""
+        raise NotImplementedError
+
+    def _in_row_list(self, column: str, values: str) -> str:
+        """A condition: ``column`` is in the list held by the FROM item column ``values``."""
         raise NotImplementedError
 
     def _per_range(self, ranges: str, rows: str, condition: str) -> str:

@@ -209,9 +209,12 @@ class PostgresStore(SQLStore):
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"unnest(?::text[]) AS v({column})", list(values)
 
-    def _ranges(self, ranges: list[tuple[str, int, int]]) -> tuple[str, Any]:
-        return ("jsonb_to_recordset(?::jsonb) AS v(p text, lo bigint, hi bigint)",
-                json.dumps([{"p": p, "lo": lo, "hi": hi} for p, lo, hi in ranges]))
+    def _records(self, columns: str, rows: Sequence[Sequence[Any]]) -> tuple[str, Any]:
+        names = [c.split()[0] for c in columns.split(",")]
+        return f"jsonb_to_recordset(?::jsonb) AS v({columns})", json.dumps([dict(zip(names, r)) for r in rows])
+
+    def _in_row_list(self, column: str, values: str) -> str:
+        return f"{column} = ANY({values})"
 
     def _per_range(self, ranges: str, rows: str, condition: str) -> str:
         # a lateral subquery the planner may not flatten (OFFSET 0): an index lookup per range. A

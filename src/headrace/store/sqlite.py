@@ -120,9 +120,13 @@ class SQLiteStore(SQLStore):
     def _values(self, column: str, values: list[str]) -> tuple[str, Any]:
         return f"(SELECT value AS {column} FROM json_each(?))", json.dumps(values)
 
-    def _ranges(self, ranges: list[tuple[str, int, int]]) -> tuple[str, Any]:
-        return ("(SELECT json_extract(value, '$[0]') AS p, json_extract(value, '$[1]') AS lo, "
-                "json_extract(value, '$[2]') AS hi FROM json_each(?))"), json.dumps(ranges)
+    def _records(self, columns: str, rows: Sequence[Sequence[Any]]) -> tuple[str, Any]:
+        names = [c.split()[0] for c in columns.split(",")]
+        items = ", ".join(f"json_extract(value, '$[{i}]') AS {name}" for i, name in enumerate(names))
+        return f"(SELECT {items} FROM json_each(?))", json.dumps([list(r) for r in rows])
+
+    def _in_row_list(self, column: str, values: str) -> str:
+        return f"{column} IN (SELECT value FROM json_each({values}))"
 
     def wait_for_commits(self, channels: Sequence[str], timeout_s: float) -> bool:
         """Until another connection commits (SQLite's ``data_version`` moves: no table is read), or
