@@ -131,8 +131,9 @@ class BusQueries(Connection):
 
     def batch_before(self, producer: str, time_ms: int) -> int:
         """The last batch ``producer`` completed before ``time_ms`` (0 if none): where a replay from a time starts."""
-        row = self._one("SELECT MAX(batch) FROM batches WHERE producer = ? AND completed_at < ?", (producer, time_ms))
-        return int(row[0] or 0)
+        row = self._one("SELECT batch FROM batches WHERE producer = ? AND completed_at < ? ORDER BY batch DESC LIMIT 1",
+                        (producer, time_ms))
+        return int(row[0]) if row else 0
 
     # -- routing plans ------------------------------------------------------------------------------
     def register_plan(self, plan: str, routes: Mapping[str, Mapping[str, Any]]) -> None:

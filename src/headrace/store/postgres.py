@@ -53,12 +53,14 @@ WAKE_UPS = [
 META_CHANNEL = "hr_meta"
 
 # INDEX_PLANS. A writer's session (a worker, an injector, a driver) plans no sequential scan
-# where an index serves: every statement it sends looks rows up by a key prefix, and every table
-# has the index for it. Left to its statistics, the server plans from a table's size as last
-# recorded (a trim's VACUUM, autovacuum), and keeps a prepared statement's generic plan until
-# the next such record: the bus's tables grow from a few rows to thousands within seconds of a
-# start, and a worker's read of its producers' heads, planned as a scan of the whole journal
-# while it held a few rows, read 220-390 pages a pass (0.7-1.6 ms) instead of 27 (0.07 ms).
+# where an index serves. What it sends on its hot paths looks rows up by a key prefix (a
+# producer's last batch written ``ORDER BY ... LIMIT 1``: MAX or MIN may be planned as a read of
+# every row of the prefix), and the rest reads small tables (samples, events, meta, reports).
+# Left to its statistics, the server plans from a table's size as last recorded (a trim's
+# VACUUM, autovacuum), and keeps a prepared statement's generic plan until the next such record:
+# the bus's tables grow from a few rows to thousands within seconds of a start, and a worker's
+# read of its producers' heads, planned as a scan of the whole journal while it held a few
+# rows, read 220-390 pages a pass (0.7-1.6 ms) instead of 27 (0.07 ms).
 
 # ``INSERT INTO t[(columns)] VALUES (one row)[ ON CONFLICT …]``: its row repeated, for many rows
 _ONE_ROW_INSERT = re.compile(r"^(INSERT INTO \w+(?:\s*\([^()]*\))?\s+VALUES\s*)(\([^()]*\))(.*)$", re.S)
@@ -183,7 +185,7 @@ class PostgresStore(SQLStore):
         if out is None:
             parts = sql.split("?")
             out = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
-            if len(self._sql) < 10_000:  # a statement of many rows is one text per row count
+            if len(out) < 50_000 and len(self._sql) < 5_000:  # a statement of many rows is a text per row count
                 self._sql[sql] = out
         return out
 

@@ -126,7 +126,8 @@ class RetentionQueries(IntervalQueries):
         """``DELETE FROM <rows> AND batch <= through``, ``TRIM_STEP_BATCHES`` batches per statement,
         each its own transaction: a store with one writer at a time (SQLite) holds the pipeline's
         commits back for one short step, not for the whole trim."""
-        low = self._one(f"SELECT MIN(batch) FROM {rows} AND batch <= ?", (*params, through))[0]
+        first = self._one(f"SELECT batch FROM {rows} AND batch <= ? ORDER BY batch LIMIT 1", (*params, through))
+        low = first[0] if first else None
         gone = 0
         while low is not None and low <= through:
             step = min(int(low) + self.TRIM_STEP_BATCHES - 1, through)
@@ -156,10 +157,11 @@ class RetentionQueries(IntervalQueries):
                 if read[producer] <= 1:
                     continue
                 upto = min(upto, read[producer] - 1)
-            old = self._one("SELECT MAX(batch) FROM batches WHERE producer = ? AND batch <= ? AND completed_at < ?",
-                            (producer, upto, before))[0]
-            if old is None:
+            last = self._one("SELECT batch FROM batches WHERE producer = ? AND batch <= ? AND completed_at < ? "
+                             "ORDER BY batch DESC LIMIT 1", (producer, upto, before))
+            if last is None:
                 continue
+            old = last[0]
             # per producer and in steps, as the bus's rows go: one statement over the whole journal
             # held SQLite's write lock while it scanned every row
             gone += self._delete_in_steps("batches WHERE producer = ? AND completed_at < ? AND NOT EXISTS "
@@ -171,8 +173,8 @@ class RetentionQueries(IntervalQueries):
         """Every producer with rows in the journal, an index seek each (a ``GROUP BY`` over the
         journal would read every row it holds: 100,000 of them in a soak at 2,000 records/s)."""
         found: list[str] = []
-        while (row := self._one("SELECT MIN(producer) FROM batches WHERE producer > ?", (found[-1] if found else "",))
-               )[0] is not None:
+        while (row := self._one("SELECT producer FROM batches WHERE producer > ? ORDER BY producer LIMIT 1",
+                                (found[-1] if found else "",))) is not None:
             found.append(str(row[0]))
         return found
 
