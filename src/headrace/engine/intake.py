@@ -17,7 +17,7 @@ value, error}``: ``value`` is the decoded value, or its stored bytes when it can
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Container, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import MISSING_MODULE_HINT, BadInputError
@@ -72,13 +72,7 @@ class Consumer:
                 parts = [p for p in names if p not in producers[stream]
                          and (parsed := parse_producer(p)).kind == "injector" and parsed.name == stream]
                 producers[stream] = producers[stream] + tuple(sorted(parts))
-        return self if producers == self.producers else _replace(self, producers=producers)
-
-
-def _replace(consumer: Consumer, **changes: Any) -> Consumer:
-    from dataclasses import replace
-
-    return replace(consumer, **changes)
+        return self if producers == self.producers else replace(self, producers=producers)
 
 
 def input_watermark(consumer: Consumer, mark_of: Callable[[str], int]) -> int:
