@@ -170,6 +170,8 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
             step("check_sequencer")
             self._raise_refusal(c)
             self._write_outcomes([c], [encoded])
+            self._write_counters([c])
+            self._write_versions([c])
             step("before_commit")
         step("after_commit")
         self._write_output_after_state([c])
@@ -212,22 +214,13 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
             self._step("check_sequencer")
             failures = self._refusals(commits)
             made = [c for c, failure in zip(commits, failures) if failure is None]
-            self._write_outcomes(made, [e for e, failure in zip(encoded, failures) if failure is None],
-                                 counters=False)
+            self._write_outcomes(made, [e for e, failure in zip(encoded, failures) if failure is None])
+            self._write_versions(made)
             # a report raises the watermark of every interval held under its sequencer: with output
             # still to go out after the state, it waits for that output
             later = any(c.productions_after_state for c in made)
             self.report_quiet(() if later else quiet)
-            self._step("counters")
-            # last, summed over the pass's intervals: a computation's counter rows are shared by
-            # every worker, and a row written earlier stayed locked for the rest of the pass, so
-            # the other workers' passes queued behind it (on PostgreSQL: 0.6-0.8 ms a pass on
-            # average, up to 35 ms, at 2,000 records/s through three stages on two workers)
-            counters: dict[tuple[str, str], int] = {}
-            for c in made:
-                for name, value in c.counters.items():
-                    counters[(c.computation, name)] = counters.get((c.computation, name), 0) + value
-            self._write_counters(counters)
+            self._write_counters(made)
             self._step("before_commit")
         self._step("after_commit")
         self._write_output_after_state(made, quiet if later else ())

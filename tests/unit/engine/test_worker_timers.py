@@ -17,7 +17,7 @@ from headrace.names import interval as interval_producer
 from headrace.plans import interval_plans as plans_of, producers_of
 from headrace.store import Store, open_store
 
-from .test_worker import Clock
+from .test_worker import Clock, run_until_idle
 
 SHARDS = 2
 LEASE_MS = 1_000
@@ -77,13 +77,6 @@ def publish(store: Store, batch: int, words: list[tuple[str, int, bool]], waterm
 def reminded(store: Store) -> list[tuple[str, int]]:
     return sorted((r.value["word"], r.value["at"]) for s in range(SHARDS)
                   for _, r in store.read_segments("reminded", interval_producer("Reminder", s), 0, 1 << 30))
-
-
-def run_until_idle(worker: Worker) -> None:
-    for _ in range(20):
-        if not worker.step():
-            return
-    pytest.fail(f"{worker.owner} still had work after 20 steps")
 
 
 def test_no_timer_query_until_a_commit_sets_a_timer_then_it_fires_once(store: Store) -> None:
