@@ -22,11 +22,14 @@ def shard_of(key: str, shards: int) -> int:
 def shards_of(keys: Sequence[str | None], shards: int, known: dict[str, int]) -> list[int | None]:
     """``shard_of`` of many keys (None for a None key), each distinct key's computed once into
     ``known``, a cache the caller keeps across calls."""
+    try:  # the common case once the cache is warm: every key known, one C-speed pass
+        return list(map(known.__getitem__, keys))  # type: ignore[arg-type]
+    except KeyError:
+        pass
     for key in set(keys).difference(known):
         if key is not None:
             known[key] = shard_of(key, shards)
-    get = known.get
-    return [None if key is None else get(key) for key in keys]
+    return list(map(known.get, keys))  # type: ignore[arg-type]
 
 
 class InputRecord(NamedTuple):

@@ -24,7 +24,8 @@ from ..names import id_prefix
 from .ports import SegmentColumns
 from .failures import dead_letter_value, user_error
 from .dedup import IdCheck, drop_duplicates, forget_before
-from .shard import KeyContext, ValueCheck, add_user_counters, invoke_on_timer, new_counters, next_due
+from .context import KeyContext, ValueCheck, add_user_counters, new_counters
+from .shard import invoke_on_timer, next_due
 from .watermark import output_low_watermark
 
 __all__ = ["Folder", "ColumnarFold", "columnar_fold", "columnar_parts", "columnar_totals", "fold_streams", "process_monoid_shard", "window_tag", "tag_window", "COMPACT_EVERY"]

@@ -5,280 +5,20 @@ if it changed. The whole outcome becomes one ``ShardCommit``."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from functools import partial
-from pickle import HIGHEST_PROTOCOL, dumps
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping
 
-from ..errors import OptionError, UnknownStreamError, UserCodeError
-from ..model import BEGINNING_OF_TIME, Computation, ComputationOptions, Record, Timer, check_domain, to_millis
-from .batch import CheckedRecord, DueTimer, InputRecord, Production, ShardBatch, ShardCommit, ShardSnapshot, produced
+from ..model import Computation, ComputationOptions, Record, Timer
+from .batch import CheckedRecord, DueTimer, InputRecord, ShardBatch, ShardCommit, ShardSnapshot
 from ..names import STATE_TTL_TIMER, id_prefix
 from .dedup import IdCheck, drop_duplicates, forget_before
 from .failures import dead_letter_value, invoke_on_timer, user_error
-from .poison import MAX_I64, MIN_I64, check_millis, check_text, encode_value, picklable, shown_text, storable_text
 from .watchdog import guarded
 from .watermark import output_low_watermark
+from .context import KeyContext, ValueCheck, add_user_counters, new_counters
 
 __all__ = ["KeyContext", "process_shard", "ValueCheck", "invoke_on_timer", "drop_duplicates", "forget_before"]
-
-_UNSET: Any = object()
-
-
-class ValueCheck(Protocol):
-    """A typed stream's schema as the engine sees it (``headrace.schema.StreamSchema``)."""
-
-    fingerprint: str  # the schema exactly: segments name the schema their field columns were written with
-
-    def misfits(self, values: Sequence[Any]) -> list[int]:
-        """The positions of the values that do not fit."""
-        ...
-
-    def require(self, stream: str, value: Any) -> None: ...
-
-
-class KeyContext:
-    """The ``ctx`` user code receives; rebound from key to key within one shard batch."""
-
-    __slots__ = (
-        "key", "low_watermark", "_codec", "_raw", "_value", "_touched", "_outputs", "_owner",
-        "_timestamp", "_productions", "_id_prefix", "_seq", "_timers", "_key_sets", "_key_deletes",
-        "timer_sets", "timer_deletes", "_late_before", "late_productions", "_schemas", "user_counters",
-        "_ttl", "_uses", "wall_clock", "_expired", "refires", "_fired_high", "_settled",
-    )
-
-    def __init__(self, owner: str, options: ComputationOptions, outputs: frozenset[str] | None,
-                 id_prefix: str, late_before: int, schemas: Mapping[str, ValueCheck] | None = None):
-        self._owner = owner
-        self._schemas = schemas or {}
-        self._codec = options.codec
-        self._outputs = outputs
-        self._id_prefix = id_prefix
-        self._seq = 0
-        self._productions: list[Production] = []
-        self.timer_sets: list[DueTimer] = []
-        self.timer_deletes: list[tuple[str, str]] = []
-        self._late_before = late_before
-        self.late_productions = 0
-        self.user_counters: dict[str, int] = {}
-        self.key = ""
-        self.low_watermark = 0
-        self._timestamp = 0  # the record's or timer's being processed: a production's default
-        self._ttl = (options.state_ttl_ms, options.state_ttl_domain) if options.state_ttl_ms is not None else None
-        self._uses = 0  # accesses to ctx.state: an invocation that made one renews a state TTL
-        self.wall_clock = 0
-
-    # -- binding ----------------------------------------------------------------------------------
-
-    def bind(self, key: str, raw: bytes | None, timers: dict[str, DueTimer]) -> None:
-        self.key = key
-        self._raw = raw
-        self._value = _UNSET
-        self._settled: bytes | None = None
-        self._touched = False
-        self._uses = 0
-        self._expired = False  # its stored state expired in this batch: a new value is a change
-        self._timers = timers
-        self._key_sets: dict[str, DueTimer] = {}
-        self._key_deletes: set[str] = set()
-        self.refires, self._fired_high = 0, {"watermark": MIN_I64 - 1, "wall": MIN_I64 - 1}
-
-    def fired(self, timer: DueTimer) -> None:
-        if timer.timestamp <= self._fired_high[timer.domain]:
-            self.refires += 1  # a timer at or before one already fired for the key in this batch: a re-arm loop?
-        else:
-            self._fired_high[timer.domain] = timer.timestamp
-        del self._timers[timer.tag]
-        self._key_sets.pop(timer.tag, None)
-        self._key_deletes.add(timer.tag)
-
-    def finish_key(self) -> tuple[str, bytes | None] | None:
-        """Close the key: collect its timer changes; return its state write, if any."""
-        write = self.state_write() if self._touched else None
-        if self._key_sets:
-            self.timer_sets.extend(self._key_sets.values())
-        if self._key_deletes:
-            self.timer_deletes.extend((self.key, tag) for tag in sorted(self._key_deletes - self._key_sets.keys()))
-        return write
-
-    def _expiry(self, used_at: int) -> int:
-        ttl_ms, domain = self._ttl  # type: ignore[misc]
-        return (used_at if domain == "watermark" else self.wall_clock) + ttl_ms
-
-    def renew(self, uses_before: int) -> None:
-        """After an invocation: if it used the state, the state TTL's timer moves to a TTL from
-        now (or goes, with the state)."""
-        if self._ttl is None or self._uses == uses_before:
-            return
-        if self._value is None:
-            self._drop_timer(STATE_TTL_TIMER)
-        else:
-            self._put_timer(DueTimer(self.key, STATE_TTL_TIMER, self._ttl[1], self._expiry(self._timestamp)))
-
-    def expire_before(self, at: int) -> bool:
-        """A record at ``at`` (event time; the batch's wall clock for a wall TTL) comes: if the
-        state expired before it, it is gone now. True if it was."""
-        timer = self._timers.get(STATE_TTL_TIMER)
-        if timer is None or timer.timestamp > (at if timer.domain == "watermark" else self.wall_clock):
-            return False
-        self.expire(timer)
-        return True
-
-    def expire(self, timer: DueTimer) -> None:
-        """The key's state TTL timer fired (or was due before a record): its state is gone."""
-        self.fired(timer)
-        self._value = None
-        self._touched = self._expired = True
-
-    def savepoint(self) -> tuple[Any, ...]:
-        """Everything one invocation may change, to undo it if the invocation fails (dead letters)."""
-        raw = (self._raw if self._value is _UNSET else None if self._value is None else
-               self._settled if self._settled is not None else self._encode(self._value))
-        self._settled = None
-        return (raw, self._value is not _UNSET, self._touched, dict(self._timers), dict(self._key_sets),
-                set(self._key_deletes), len(self._productions), self.late_productions, dict(self.user_counters))
-
-    def settle(self) -> None:
-        """With dead letters, after an invocation: the state it left must encode, or the invocation
-        fails (not the batch, at the key's end); the bytes serve the next savepoint."""
-        if self._touched and self._value is not _UNSET and self._value is not None:
-            self._settled = self._encode(self._value)
-
-    def rollback(self, point: tuple[Any, ...]) -> None:
-        self._settled = None
-        raw, decoded, touched, timers, key_sets, key_deletes, produced, late, self.user_counters = point
-        self._value = (None if raw is None else self._codec.decode(raw)) if decoded else _UNSET
-        self._touched = touched
-        self._timers.clear()
-        self._timers.update(timers)
-        self._key_sets, self._key_deletes = key_sets, key_deletes
-        del self._productions[produced:]
-        self.late_productions = late
-
-    def dead_letter(self, value: dict[str, Any], timestamp: int) -> None:
-        self._seq += 1
-        self._productions.append(Production(f"{self._owner}.dead_letter", shown_text(self.key), picklable(value),
-                                            min(max(timestamp, MIN_I64), MAX_I64), f"{self._id_prefix}{self._seq}"))
-
-    def state_write(self) -> tuple[str, bytes | None] | None:
-        """The key's state write, if its state changed (assigned, or mutated in place)."""
-        if not self._touched:
-            return None
-        value = self._value
-        if value is None:
-            return (self.key, None) if self._raw is not None else None
-        encoded = self._settled if self._settled is not None else self._encode(value)  # settled: the last invocation's
-        return None if encoded == self._raw and not self._expired else (self.key, encoded)
-
-    def _encode(self, value: Any) -> bytes:
-        try:
-            return self._codec.encode(value)
-        except Exception as exc:
-            raise UserCodeError(
-                f"Computation {self._owner!r} cannot save the state of key {self.key!r} with the "
-                f"{self._codec.name!r} codec",
-                got_text=f"{type(value).__name__} value: {type(exc).__name__}: {exc}",
-                hint="keep state to plain data (dicts, lists, numbers, strings) or objects the codec can "
-                     "serialize (no open files, locks, lambdas or generators), or pick another codec=",
-            ) from exc
-
-    # -- the public context -------------------------------------------------------------------------
-
-    @property
-    def state(self) -> Any:
-        if self._value is _UNSET:
-            self._value = None if self._raw is None else self._codec.decode(self._raw)
-        self._touched = True
-        self._uses += 1
-        return self._value
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._value = value
-        self._touched = True
-        self._uses += 1
-
-    @property
-    def state_expires_at(self) -> int | None:
-        """With ``state_ttl_ms``: when the key's state expires if it is used now (a time in the
-        TTL's domain), so that a timer of one's own can come first; None without a TTL."""
-        return None if self._ttl is None else self._expiry(self._timestamp)
-
-    def set_timer(self, tag: str, timestamp: Any, domain: str = "watermark") -> None:
-        if type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
-            timestamp = check_millis(to_millis(timestamp, "timer timestamp"), "timer timestamp")
-        if domain != "watermark":
-            check_domain(domain)
-        self._put_timer(DueTimer(self.key, _user_tag(tag), domain, timestamp))
-
-    def delete_timer(self, tag: str) -> None:
-        self._drop_timer(_user_tag(tag))
-
-    def _put_timer(self, timer: DueTimer) -> None:
-        self._timers[timer.tag] = timer
-        self._key_sets[timer.tag] = timer
-        self._key_deletes.discard(timer.tag)
-
-    def _drop_timer(self, tag: str) -> None:
-        self._timers.pop(tag, None)
-        self._key_sets.pop(tag, None)
-        self._key_deletes.add(tag)
-
-    def count(self, counter: str, n: int = 1) -> None:
-        """Add ``n`` to the computation's counter ``counter``, committed with the batch (exact, as
-        the engine's own counters are; ``Harness.counters``, ``headrace status``)."""
-        if (type(counter) is not str or counter in ENGINE_COUNTERS or type(n) is not int or not storable_text(counter)
-                or not MIN_I64 <= n <= MAX_I64):
-            raise OptionError("ctx.count takes a counter name of your own and an int",
-                              got=(counter, n), hint=f"e.g. ctx.count('too_late'); the engine's own counters "
-                                                     f"{sorted(ENGINE_COUNTERS)} are its to keep")
-        self.user_counters[counter] = self.user_counters.get(counter, 0) + n
-
-    def produce(self, stream: str, value: Any, timestamp: Any = None, key: str | None = None) -> None:
-        if self._outputs is not None and stream not in self._outputs:
-            raise UnknownStreamError(
-                f"Computation {self._owner!r} produced to undeclared stream {stream!r}",
-                got=stream,
-                hint=f"declare it: topology.add(..., outputs={sorted(self._outputs | {stream})})",
-            )
-        if stream in self._schemas:
-            self._schemas[stream].require(stream, value)
-        elif self._outputs is None and not (type(stream) is str and stream.isascii()):
-            check_text(stream, "stream name")
-        if timestamp is None:
-            timestamp = self._timestamp
-        elif type(timestamp) is not int or not MIN_I64 <= timestamp <= MAX_I64:
-            timestamp = check_millis(to_millis(timestamp, "production timestamp"), "production timestamp")
-        if key is not None and not (type(key) is str and key.isascii()):
-            check_text(key, "production's key")
-        try:  # pickled now, inside the invocation, not at commit: the segment writer reuses the bytes
-            raw = dumps(value, HIGHEST_PROTOCOL)
-        except Exception:
-            raw = encode_value(value, f"value produced to {stream!r}")  # raises what, got and hint
-        if timestamp < self._late_before:
-            self.late_productions += 1
-        self._seq += 1
-        self._productions.append(produced(stream, key, value, timestamp, f"{self._id_prefix}{self._seq}", raw))
-
-
-def _user_tag(tag: Any) -> str:
-    tag = str(tag)
-    check_text(tag, "timer tag")
-    if tag == STATE_TTL_TIMER:
-        raise OptionError(f"Timer tag {tag!r} is the framework's own (the state TTL's timer)", got=tag,
-                          hint="give your timer another tag")
-    return tag
-
-
-def new_counters() -> dict[str, int]:
-    return {"records": 0, "late_dropped": 0, "late_delivered": 0, "duplicates": 0, "timers_fired": 0}
-
-
-ENGINE_COUNTERS = frozenset([*new_counters(), "late_productions", "dead_lettered", "state_expired"])
-
-
-def add_user_counters(counters: dict[str, int], ctx: KeyContext) -> None:
-    for name, n in ctx.user_counters.items():
-        counters[name] = counters.get(name, 0) + n
 
 
 def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> set[tuple[str, str]] | None:
@@ -299,14 +39,36 @@ def _misfits(records: list[InputRecord], checks: Mapping[str, ValueCheck]) -> se
 
 
 def _group_by_key(records: list[InputRecord]) -> dict[str, list[InputRecord]]:
-    groups: dict[str, list[InputRecord]] = {}
+    groups: defaultdict[str, list[InputRecord]] = defaultdict(list)
     for r in records:
-        group = groups.get(r.key)
-        if group is None:
-            groups[r.key] = [r]
-        else:
-            group.append(r)
+        groups[r.key].append(r)
     return groups
+
+
+def _admits_late(deliver_late: bool, counters: dict[str, int]) -> bool:
+    """A late record (before the watermark the batch started under): counted, and delivered only
+    with ``late="deliver"``."""
+    counters["late_delivered" if deliver_late else "late_dropped"] += 1
+    return deliver_late
+
+
+def _deliver(ctx: KeyContext, process_record: Callable[..., None], name: str, key: str, group: list[InputRecord],
+             w_before: int, deliver_late: bool, counters: dict[str, int]) -> int:
+    """A key's records, in order, when none needs a TTL check, a savepoint or a value check (the
+    common case, per record the engine's hottest loop): how many were delivered; a late one is
+    dropped or delivered as ``late`` says."""
+    delivered = 0
+    make = tuple.__new__  # a Record without NamedTuple's Python-level __new__
+    try:
+        for stream, _, value, ts, rid in group:
+            if ts < w_before and not _admits_late(deliver_late, counters):
+                continue
+            delivered += 1
+            ctx._timestamp = ts
+            process_record(ctx, make(Record, (key, value, ts, rid, stream)))
+    except Exception as exc:
+        raise user_error(name, key, f"record {rid!r} (timestamp {ts})", exc) from exc
+    return delivered
 
 
 def next_due(timers: dict[str, DueTimer], watermark: int, wall_clock: int) -> DueTimer | None:
@@ -357,37 +119,43 @@ def process_shard(
     state_writes: list[tuple[str, bytes | None]] = []
     ctx.wall_clock = wall
     ttl = options.state_ttl_ms is not None
+    # what most batches need no part of (a TTL, dead letters, values to check) is decided once:
+    # without them a key's records take the plain loop (_deliver)
+    guarded_each = ttl or dead_letters or misfits is None or bool(misfits)
+    states = snapshot.states
+    delivered = 0
     for key, group in by_key.items():
         timers = timers_by_key.get(key, {})
-        ctx.bind(key, snapshot.states.get(key), timers)
+        ctx.bind(key, states.get(key), timers)
         ctx.low_watermark = w_before
-        for r in group:
-            if ttl and ctx.expire_before(r.timestamp):  # expired before this record: it sees no state
-                counters["state_expired"] = counters.get("state_expired", 0) + 1
-            if r.timestamp < w_before:
-                if not deliver_late:
-                    counters["late_dropped"] += 1
+        if not guarded_each:
+            delivered += _deliver(ctx, process_record, name, key, group, w_before, deliver_late, counters)
+        else:
+            for r in group:
+                ts = r.timestamp
+                if ttl and ctx.expire_before(ts):  # expired before this record: it sees no state
+                    counters["state_expired"] = counters.get("state_expired", 0) + 1
+                if ts < w_before and not _admits_late(deliver_late, counters):
                     continue
-                counters["late_delivered"] += 1
-            counters["records"] += 1
-            ctx._timestamp = r.timestamp
-            point = ctx.savepoint() if dead_letters else None
-            try:
-                if (misfits is None and r.stream in checks and type(r) is not CheckedRecord
-                        or misfits and (r.stream, r.id) in misfits):
-                    checks[r.stream].require(r.stream, r.value)
-                uses = ctx._uses
-                process_record(ctx, Record(key, r.value, r.timestamp, r.id, r.stream))
-                ctx.renew(uses)
-                if point is not None:
-                    ctx.settle()
-            except Exception as exc:
-                what = f"record {r.id!r} (timestamp {r.timestamp})"
-                if point is None:
-                    raise user_error(name, key, what, exc) from exc
-                ctx.rollback(point)
-                ctx.dead_letter(dead_letter_value(name, key, what, exc, r.stream, r.value, r.id), r.timestamp)
-                counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
+                delivered += 1
+                ctx._timestamp = ts
+                point = ctx.savepoint() if dead_letters else None
+                try:
+                    if (misfits is None and r.stream in checks and type(r) is not CheckedRecord
+                            or misfits and (r.stream, r.id) in misfits):
+                        checks[r.stream].require(r.stream, r.value)
+                    uses = ctx._uses
+                    process_record(ctx, Record(key, r.value, ts, r.id, r.stream))
+                    ctx.renew(uses)
+                    if point is not None:
+                        ctx.settle()
+                except Exception as exc:
+                    what = f"record {r.id!r} (timestamp {r.timestamp})"
+                    if point is None:
+                        raise user_error(name, key, what, exc) from exc
+                    ctx.rollback(point)
+                    ctx.dead_letter(dead_letter_value(name, key, what, exc, r.stream, r.value, r.id), r.timestamp)
+                    counters["dead_lettered"] = counters.get("dead_lettered", 0) + 1
         ctx.low_watermark = w_after
         while timers:
             timer = next_due(timers, w_after, wall)
@@ -408,6 +176,7 @@ def process_shard(
         if write is not None:
             state_writes.append(write)
 
+    counters["records"] += delivered
     counters["late_productions"] = ctx.late_productions
     add_user_counters(counters, ctx)
     return ShardCommit(
