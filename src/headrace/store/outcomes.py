@@ -86,18 +86,24 @@ class OutcomeWrites(BusQueries):
         self._journal_intervals([c for c in commits if not c.productions_after_state])
 
     def _forget_ids(self, commits: Sequence[ShardCommit]) -> None:
-        """Seen ids older than each commit's ``forget_ids_before``: one pair of statements per
-        computation and threshold (a group's intervals share their watermark, so usually one)."""
+        """Seen ids older than each commit's ``forget_ids_before``: one statement per table for
+        all the commits, a condition per computation and threshold (a group's intervals share
+        their watermark, so usually one per computation). A pass over three computations sent
+        six statements here before, a third of its round trips on PostgreSQL."""
         by_threshold: dict[tuple[str, int], list[int]] = {}
         for c in commits:
             if c.forget_ids_before is not None:
                 by_threshold.setdefault((c.computation, c.forget_ids_before), []).append(c.shard)
+        if not by_threshold:
+            return
+        conditions, params = [], []
         for (computation, before), shards in sorted(by_threshold.items()):
             condition, param = self._in_list("shard", sorted(shards))
-            self._x(f"DELETE FROM seen_ids WHERE computation = ? AND {condition} AND timestamp < ?",
-                    (computation, param, before))
-            self._x(f"DELETE FROM seen_ranges WHERE computation = ? AND {condition} AND newest < ?",
-                    (computation, param, before))
+            conditions.append(f"(computation = ? AND {condition} AND {{age}} < ?)")
+            params += [computation, param, before]
+        where = " OR ".join(conditions)
+        self._x(f"DELETE FROM seen_ids WHERE {where.format(age='timestamp')}", params)
+        self._x(f"DELETE FROM seen_ranges WHERE {where.format(age='newest')}", params)
 
     def _advance_versions(self, commits: Sequence[ShardCommit]) -> None:
         """Each interval's version and watermarks, in one statement per kind: exactly-once moves

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from headrace.engine.batch import DueTimer, Production, ShardCommit
+from headrace.engine.seen import SeenRange
 from headrace.errors import FencedWriterError, OptionError, StaleBatchError, StoreError
 from headrace.store import COMMIT_STEPS, BatchInfo, StoredRecord, open_store
 
@@ -225,6 +226,28 @@ def test_commits_made_together_are_each_written_whole_or_refused_alone(store: An
     assert str(failures[1]).startswith(f"Writer of 'counter' with sequencer {writer} was fenced off: the store's "
                                        f"sequencer is {claim.sequencer} (got {writer}). Hint: a newer driver")
     assert (store.state(C, "a"), store.state(C, "b")) == (b"second", b"fresh")
+
+
+def test_commits_made_together_forget_each_ones_seen_ids_and_only_those(store: Any, writer: int) -> None:
+    """A pass's commits forget their old seen ids (and id ranges) in one statement per table: each
+    commit below its own threshold, in its own computation and interval, and nothing else."""
+    other = "other"
+    store.register(other, 2)
+    mine = {C: writer, other: store.acquire_writer(other)}
+    cells = [(c, s) for c in (C, other) for s in (0, 1)]
+    store.commit_shards([
+        ShardCommit(computation=c, shard=s, batch=1, base_version=0, sequencer=mine[c],
+                    seen_ids=[(f"{c}{s}-{t}", t) for t in (10, 20, 30)],
+                    seen_ranges=[SeenRange(f"{c}{s}:", 100 + t, 100 + t, t, b"\x01") for t in (10, 20, 30)])
+        for c, s in cells])
+    thresholds = {(C, 0): 15, (C, 1): 25, (other, 0): 35, (other, 1): None}
+    store.commit_shards([ShardCommit(computation=c, shard=s, batch=2, base_version=1, sequencer=mine[c],
+                                     forget_ids_before=thresholds[(c, s)]) for c, s in cells])
+    kept = {(c, s): sorted(store.exact_seen_ids(c, s)) for c, s in cells}
+    assert kept == {(C, 0): [f"{C}0-20", f"{C}0-30"], (C, 1): [f"{C}1-30"], (other, 0): [],
+                    (other, 1): ["other1-10", "other1-20", "other1-30"]}
+    newest = {(c, s): sorted(n for *_, n in store.seen_range_extents(c, s)) for c, s in cells}
+    assert newest == {(C, 0): [20, 30], (C, 1): [30], (other, 0): [], (other, 1): [10, 20, 30]}
 
 
 # -- the watermark journal -----------------------------------------------------------------------------
