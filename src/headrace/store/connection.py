@@ -9,7 +9,8 @@ dialect (``sqlite.py``, ``postgres.py``) fills in the hooks.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Sequence
 
 from ..errors import StoreError
 
@@ -107,6 +108,12 @@ class Connection:
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return self._x(sql, params).fetchall()
+
+    def _together(self) -> ContextManager[None]:
+        """``with self._together():`` writes whose results nobody reads (``_xmany``'s), sent in as
+        few statements as the dialect allows (PostgreSQL: ``PostgresStore._together``); here each
+        goes as it comes."""
+        return nullcontext()
 
     def _transaction(self, begin: str | None = None) -> "Transaction":
         """``with self._transaction():`` a write transaction; ``_transaction(self.BEGIN_READ)`` a snapshot."""

@@ -66,11 +66,13 @@ class OutcomeWrites(BusQueries):
              "SET shard = excluded.shard, domain = excluded.domain, timestamp = excluded.timestamp",
              [(c.computation, t.key, t.tag, c.shard, t.domain, t.timestamp) for c in commits for t in c.timer_sets])
         step("seen_ids")
+        # an id its own commit forgets is not written at all: the forgetting deletes below may go in
+        # one statement with these inserts (``_together``), and would not see their rows
         many("INSERT INTO seen_ids VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, id) DO NOTHING",
-             [(c.computation, c.shard, i, ts) for c in commits for i, ts in c.seen_ids])
+             [(c.computation, c.shard, i, ts) for c in commits for i, ts in c.seen_ids if _kept(c, ts)])
         # a range's low is an id new to the shard when written: another range has it only as a copy
         many("INSERT INTO seen_ranges VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(computation, shard, prefix, low) "
-             "DO NOTHING", [(c.computation, c.shard, *r) for c in commits for r in c.seen_ranges])
+             "DO NOTHING", [(c.computation, c.shard, *r) for c in commits for r in c.seen_ranges if _kept(c, r.newest)])
         self._forget_ids(commits)
         step("productions")
         self._insert_segments(EncodedSegments([r for e in encoded if e is not None for r in e.segments],
@@ -102,8 +104,8 @@ class OutcomeWrites(BusQueries):
             conditions.append(f"(computation = ? AND {condition} AND {{age}} < ?)")
             params += [computation, param, before]
         where = " OR ".join(conditions)
-        self._x(f"DELETE FROM seen_ids WHERE {where.format(age='timestamp')}", params)
-        self._x(f"DELETE FROM seen_ranges WHERE {where.format(age='newest')}", params)
+        self._xmany(f"DELETE FROM seen_ids WHERE {where.format(age='timestamp')}", [tuple(params)])
+        self._xmany(f"DELETE FROM seen_ranges WHERE {where.format(age='newest')}", [tuple(params)])
 
     def _advance_versions(self, commits: Sequence[ShardCommit]) -> None:
         """Each interval's version and watermarks, in one statement per kind: exactly-once moves
@@ -148,8 +150,9 @@ class OutcomeWrites(BusQueries):
         pass writes them last: a computation's counter rows are shared by every worker, and a row
         written earlier stayed locked for the rest of the pass, so the other workers' passes queued
         behind it (on PostgreSQL: 0.6-0.8 ms a pass on average, up to 35 ms, at 2,000 records/s
-        through three stages on two workers). Not ``_xmany``: after psycopg's executemany (pipeline mode)
-        the server does not apply ``idle_in_transaction_session_timeout`` (``limit_idle_transactions``)."""
+        through three stages on two workers). One row of ``_xmany``, never psycopg's executemany: after
+        its pipeline the server does not apply ``idle_in_transaction_session_timeout``
+        (``limit_idle_transactions``)."""
         self._step("counters")
         counters: dict[tuple[str, str], int] = {}
         for c in commits:
@@ -157,9 +160,14 @@ class OutcomeWrites(BusQueries):
                 counters[(c.computation, name)] = counters.get((c.computation, name), 0) + value
         if counters:
             rows = sorted(counters.items())
-            self._x("INSERT INTO counters VALUES " + ", ".join(["(?, ?, ?)"] * len(rows)) +
-                    " ON CONFLICT(computation, name) DO UPDATE SET value = counters.value + excluded.value",
-                    [x for (computation, name), v in rows for x in (computation, name, v)])
+            self._xmany("INSERT INTO counters VALUES " + ", ".join(["(?, ?, ?)"] * len(rows)) +
+                        " ON CONFLICT(computation, name) DO UPDATE SET value = counters.value + excluded.value",
+                        [tuple(x for (computation, name), v in rows for x in (computation, name, v))])
+
+
+def _kept(c: ShardCommit, timestamp: int) -> bool:
+    """Whether a seen id (or range) of ``c`` at ``timestamp`` outlives ``c``'s own forgetting."""
+    return c.forget_ids_before is None or timestamp >= c.forget_ids_before
 
 
 def _refusal(c: ShardCommit, row: tuple[int, int] | None) -> StoreError | None:

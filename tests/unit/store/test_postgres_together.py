@@ -1,0 +1,79 @@
+"""store/postgres.py: a commit's writes go out as data-modifying WITH clauses of two statements
+(``_together``), not a round trip each, and what they write is what the statements one by one
+wrote: checked on a real server, with the statements the connection sent counted."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from headrace.engine.batch import DueTimer, Production, QuietReport, ShardCommit
+from headrace.engine.seen import SeenRange
+from headrace.store import open_store
+
+C = "counter"
+
+
+@pytest.fixture
+def store(postgres_server: Any) -> Iterator[Any]:
+    s = open_store(postgres_server.new_database())
+    s.register(C, 4)
+    yield s
+    s.close()
+
+
+def counted(store: Any) -> list[str]:
+    """The texts of the statements ``store`` sends from now on."""
+    sent: list[str] = []
+    execute = store._db.execute
+
+    def counting(query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(query if isinstance(query, str) else str(query))
+        return execute(query, *args, **kwargs)
+
+    store._db.execute = counting
+    return sent
+
+
+def commit(store: Any, sequencer: int, shard: int, **fields: Any) -> ShardCommit:
+    return ShardCommit(computation=C, shard=shard, batch=1, base_version=0, sequencer=sequencer,
+                       journal_as=f"{C}/{shard}", input_watermark=50, output_watermark=40, **fields)
+
+
+def test_a_pass_of_intervals_commits_in_two_statements_besides_its_check_and_the_transaction(store: Any) -> None:
+    sequencer = store.acquire_writer(C)
+    commits = [commit(store, sequencer, shard,
+                      state_writes=[(f"k{shard}", f"v{shard}".encode()), (f"gone{shard}", None)],
+                      timer_sets=[DueTimer(f"k{shard}", "t", "watermark", 900)],
+                      seen_ids=[(f"id-{shard}-old", 5), (f"id-{shard}", 60)],
+                      seen_ranges=[SeenRange(f"p{shard}:", 1, 1, 60, b"\x01")], forget_ids_before=10,
+                      productions=[Production("out", f"k{shard}", shard, 60, f"{C}:{shard}:1:1")],
+                      positions={"inject:events": 7}, counters={"records": 2})
+               for shard in (0, 2)]
+    sent = counted(store)
+    failures = store.commit_shards(commits, [QuietReport(C, sequencer, {"inject:events": 7}, 50, 40)])
+    assert failures == [None, None]
+    assert [s.split()[0] for s in sent] == ["BEGIN", "SELECT", "WITH", "WITH", "COMMIT"], sent
+    assert ") UPDATE shards SET " in sent[2]  # the carrier: the statement's row count is the update's own
+
+    assert {k: store.state(C, k) for k in ("k0", "k2", "gone0")} == {"k0": b"v0", "k2": b"v2", "gone0": None}
+    assert [t.tag for t in store.timers(C, "k2")] == ["t"]
+    assert sorted(store.exact_seen_ids(C, 0)) == ["id-0"]  # id-0-old: older than its own forgetting
+    assert [r[0] for r in store.seen_range_extents(C, 2)] == ["p2:"]
+    assert [r.id for _, r in store.read_segments("out", f"{C}/2", 0, 1)] == [f"{C}:2:1:1"]
+    assert store.shard_versions(C) == {0: 1, 1: 0, 2: 1, 3: 0}
+    assert [b.batch for b in store.batches(f"{C}/0")] == [1]
+    assert store.counters(C) == {"records": 4}
+
+
+def test_writes_past_a_statements_parameter_limit_go_in_more_statements_and_all_arrive(store: Any) -> None:
+    sequencer = store.acquire_writer(C)
+    keys = 65_535 // 3 + 1_000  # state rows of three parameters each: more than the protocol lets one statement have
+    sent = counted(store)
+    store.commit_shard(commit(store, sequencer, 1, state_writes=[(f"k{i}", b"v") for i in range(keys)],
+                              counters={"records": keys}))
+    assert sum(s.startswith(("WITH", "INSERT")) for s in sent) >= 3  # the state rows alone take three statements
+    assert store.state(C, "k0") == b"v" and store.state(C, f"k{keys - 1}") == b"v"
+    assert store._one("SELECT COUNT(*) FROM state WHERE computation = ?", (C,))[0] == keys
+    assert store.counters(C) == {"records": keys} and store.shard_versions(C)[1] == 1
