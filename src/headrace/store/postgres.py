@@ -70,6 +70,7 @@ _CONJUNCTIVE_DELETE = re.compile(r"^DELETE FROM (\w+) WHERE (.+)$", re.S)
 _COLUMN_TEST = re.compile(r"(\w+) (=|<|<=|>|>=) \?")
 MAX_PARAMETERS = 30_000  # a statement's parameters (the protocol allows 65,535)
 _WRITE = re.compile(r"^(INSERT|UPDATE|DELETE)\b")
+MAX_HELD_BYTES = 64 << 20  # held writes' values in one statement (the server refuses a message past 1 GB)
 
 
 def _statement_of_many(sql: str, width: int) -> Callable[[int], str] | None:
@@ -88,6 +89,10 @@ def _statement_of_many(sql: str, width: int) -> Callable[[int], str] | None:
     joined = " AND ".join(f"{table}.{t.group(1)} {t.group(2)} v.c{i}" for i, t in enumerate(tests) if t)
     row = "(" + ", ".join(["?"] * width) + ")"
     return lambda n: f"DELETE FROM {table} USING (VALUES {', '.join([row] * n)}) AS v({columns}) WHERE {joined}"
+
+
+def _size(value: Any) -> int:
+    return len(value) if isinstance(value, (bytes, bytearray, memoryview, str)) else 8
 
 
 def _with(carried: Sequence[tuple[str, Sequence[Any]]], sql: str) -> str:
@@ -167,18 +172,21 @@ class PostgresStore(SQLStore):
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if self._held:  # a write carries the held ones as WITH clauses of its own statement; a read goes after them
-            if _WRITE.match(sql) and len(params) + sum(len(p) for _, p in self._held) <= MAX_PARAMETERS:
+            if _WRITE.match(sql) and self._fits(params):
                 held, self._held = self._held, []
-                return self._db.execute(self._translate(_with(held, sql)), [x for _, p in held for x in p] + list(params))
+                return self._db.execute(self._translate(_with(held, sql), cache=False),
+                                        [x for _, p in held for x in p] + list(params))
             self._send_held()
         return self._db.execute(self._translate(sql), params)
 
     @contextmanager
     def _together(self) -> Iterator[None]:
         """Hold ``_xmany``'s writes and send them as data-modifying WITH clauses of one statement: of
-        the next ``_x`` write (whose row count is then its own), or at the block's end. A commit's
-        writes go out as two round trips instead of some twelve. The writes of one block must touch
-        no row twice: each sees the transaction as it was before the statement, not the others'."""
+        the next ``_x`` write, whose result (its row count) is then its own, or at the block's end.
+        A commit's writes go out as two round trips instead of some twelve. Each clause sees the
+        transaction as it was before the statement, not the other clauses' rows, so the writes of
+        one block must touch no row twice, and the one ``_x`` write in a commit's block, the
+        versions' ``UPDATE`` (``_advance_versions``), reads no row they write."""
         if self._held is not None:
             yield
             return
@@ -189,11 +197,18 @@ class PostgresStore(SQLStore):
         finally:
             self._held = None
 
+    def _fits(self, params: Sequence[Any]) -> bool:
+        """Whether ``params`` fit in one statement with the held writes' (parameters, and bytes: the
+        server refuses a message past 1 GB, and a pass's segments may be large)."""
+        held = [p for _, ps in self._held or () for p in ps]
+        return (len(held) + len(params) <= MAX_PARAMETERS
+                and sum(map(_size, held)) + sum(map(_size, params)) <= MAX_HELD_BYTES)
+
     def _hold(self, sql: str, params: Sequence[Any]) -> None:
         if self._held is None:  # not in a _together block
             self._x(sql, params)
             return
-        if sum(len(p) for _, p in self._held) + len(params) > MAX_PARAMETERS:
+        if not self._fits(params):
             self._send_held()
         self._held.append((sql, params))
 
@@ -203,7 +218,7 @@ class PostgresStore(SQLStore):
             return
         self._held = []
         *carried, (last, _) = held
-        self._db.execute(self._translate(_with(carried, last)), [x for _, p in held for x in p])
+        self._db.execute(self._translate(_with(carried, last), cache=False), [x for _, p in held for x in p])
 
     def _xmany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """``sql`` once per row. An ``INSERT … VALUES (?, …)`` goes as one statement of many rows
@@ -229,13 +244,15 @@ class PostgresStore(SQLStore):
                 chunk = rows[at:at + per]
                 send(statement(len(chunk)), [x for r in chunk for x in r])
 
-    def _translate(self, sql: str) -> str:
-        """The shared queries use ``?``; PostgreSQL's own placeholders are ``$1``, ``$2``, …"""
+    def _translate(self, sql: str, cache: bool = True) -> str:
+        """The shared queries use ``?``; PostgreSQL's own placeholders are ``$1``, ``$2``, …
+        (``cache``: keep the text for the next time; not a commit's held writes, nearly every pass's
+        its own)."""
         out = self._sql.get(sql)
         if out is None:
             parts = sql.split("?")
             out = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
-            if len(out) < 50_000 and len(self._sql) < 5_000:  # a statement of many rows is a text per row count
+            if cache and len(out) < 50_000 and len(self._sql) < 5_000:  # a statement of many rows is a text per row count
                 self._sql[sql] = out
         return out
 

@@ -77,3 +77,16 @@ def test_writes_past_a_statements_parameter_limit_go_in_more_statements_and_all_
     assert store.state(C, "k0") == b"v" and store.state(C, f"k{keys - 1}") == b"v"
     assert store._one("SELECT COUNT(*) FROM state WHERE computation = ?", (C,))[0] == keys
     assert store.counters(C) == {"records": keys} and store.shard_versions(C)[1] == 1
+
+
+def test_held_writes_past_a_byte_budget_go_in_more_statements_and_all_arrive(store: Any, monkeypatch: Any) -> None:
+    import headrace.store.postgres as postgres
+
+    monkeypatch.setattr(postgres, "MAX_HELD_BYTES", 2_000)  # the server refuses a message past 1 GB; here 2 kB
+    sequencer = store.acquire_writer(C)
+    sent = counted(store)
+    store.commit_shard(commit(store, sequencer, 1, state_writes=[(f"k{i}", bytes([i]) * 500) for i in range(10)],
+                              seen_ids=[(f"id{i}", 60) for i in range(10)], counters={"records": 10}))
+    assert sum(s.startswith(("WITH", "INSERT", "DELETE", "UPDATE")) for s in sent) >= 3
+    assert [store.state(C, f"k{i}") for i in range(10)] == [bytes([i]) * 500 for i in range(10)]
+    assert len(store.exact_seen_ids(C, 1)) == 10 and store.shard_versions(C)[1] == 1
