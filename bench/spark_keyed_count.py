@@ -212,7 +212,8 @@ def main() -> None:
     parser.add_argument("--skip-weak", action="store_true", help="no at-least-once variant")
     parser.add_argument("--skip-continuous", action="store_true", help="no continuous-mode variant")
     parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of the continuous variant in turn; its row is their median")
+                        help="runs of each Spark variant (micro-batch, continuous, transformWithState) in turns; "
+                             "a row is the median of its runs")
     args = parser.parse_args()
     if args.quick:
         args.records, args.keys, args.batch = 50_000, "5000", 10_000
@@ -244,6 +245,7 @@ def main() -> None:
 
 MICRO = "headrace micro-batch (exactly-once, strong productions, SQLite)"
 CONTINUOUS = "headrace continuous (exactly-once, strong productions, SQLite)"
+TWS = "transformWithState (Row API, RocksDB)"
 
 
 def check(label: str, got: Measured, oracle: dict[str, int], records: int) -> None:
@@ -268,45 +270,52 @@ def seen(pid: int) -> str:
 
 
 def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float]]:
+    """Each Spark variant ``--repeats`` times, in turns (micro-batch, continuous,
+    ``transformWithState``), so that the machine's drift falls on each alike; a row is the median."""
     data = records(args.records, keys)
     oracle = dict(Counter(r["key"] for r in data))
-    rows = []
     bare_s, bare_counts = run_bare(make_input(args.records, keys))
     assert bare_counts == oracle, "the bare loop's counts differ from the oracle"  # same seed, same keys
-    hr = run_headrace(spark, data, os.path.join(tmp, "strong"), args.batch, args.shards)
-    check("headrace", hr, oracle, args.records)
-    rows.append(("bare in-memory loop", args.records / bare_s))
-    rows.append((MICRO, args.records / hr.seconds))
-    if not args.skip_continuous:
-        rates = []
-        for repeat in range(args.repeats):
+    files = os.path.join(tmp, "files")
+    if not args.skip_tws:
+        os.makedirs(files)
+        write_files(data, files, args.batch)
+    rates: dict[str, list[float]] = {}
+    for repeat in range(args.repeats):
+        hr = run_headrace(spark, data, os.path.join(tmp, f"strong-{repeat}"), args.batch, args.shards)
+        check("headrace", hr, oracle, args.records)
+        rates.setdefault(MICRO, []).append(args.records / hr.seconds)
+        if not args.skip_continuous:
             cont = run_headrace(spark, data, os.path.join(tmp, f"continuous-{repeat}"), args.batch, args.shards,
                                 mode="continuous")
             check("headrace continuous", cont, oracle, args.records)
-            rates.append(args.records / cont.seconds)
-            print(f"  {keys:,} keys: continuous run {repeat + 1}: {rates[-1]:,.0f} records/s in {cont.seconds:.2f} s; "
-                  f"interval commits journaled at {', '.join(f'{t:.2f}' for t in sorted(cont.commits_at))} s; "
-                  f"workers started at {', '.join(f'{t:.2f} s (pid {pid}, {seen(pid)})' for t, pid in cont.workers) or 'not recorded (a run deletes its workers rows as it stops)'}; "
-                  f"intervals lost to the other worker: {', '.join(cont.fenced) or 'none'}",
-                  flush=True)
-        if args.repeats > 1:
-            spread = max(rates) / min(rates) - 1
-            print(f"  {keys:,} keys: continuous over {args.repeats} runs: {min(rates):,.0f} to {max(rates):,.0f} "
-                  f"records/s, the fastest {spread:.0%} above the slowest (goal: under 20%: "
-                  f"{'met' if spread < 0.2 else 'NOT met'})", flush=True)
-        rows.append((CONTINUOUS, statistics.median(rates)))
+            rates.setdefault(CONTINUOUS, []).append(args.records / cont.seconds)
+            print(f"  {keys:,} keys: continuous run {repeat + 1}: {rates[CONTINUOUS][-1]:,.0f} records/s in "
+                  f"{cont.seconds:.2f} s; interval commits journaled at "
+                  f"{', '.join(f'{t:.2f}' for t in sorted(cont.commits_at))} s; intervals lost to the other worker: "
+                  f"{', '.join(cont.fenced) or 'none'}", flush=True)
+        if not args.skip_tws:
+            tws = run_transform_with_state(spark, files, os.path.join(tmp, f"tws-checkpoint-{repeat}"))
+            check("transformWithState", tws, oracle, args.records)
+            rates.setdefault(TWS, []).append(args.records / tws.seconds)
+        print(f"  {keys:,} keys: run {repeat + 1}: " + ", ".join(f"{label.split(' (')[0]} {r[-1]:,.0f}"
+                                                              for label, r in rates.items()) + " records/s", flush=True)
+    if args.repeats > 1:
+        for label, got in rates.items():
+            spread = max(got) / min(got) - 1
+            goal = (f" (goal: under 20%: {'met' if spread < 0.2 else 'NOT met'})" if label == CONTINUOUS else "")
+            print(f"  {keys:,} keys: {label} over {args.repeats} runs: {min(got):,.0f} to {max(got):,.0f} "
+                  f"records/s, the fastest {spread:.0%} above the slowest{goal}", flush=True)
+    rows = [("bare in-memory loop", args.records / bare_s), (MICRO, statistics.median(rates[MICRO]))]
+    if CONTINUOUS in rates:
+        rows.append((CONTINUOUS, statistics.median(rates[CONTINUOUS])))
     if not args.skip_weak:
         weak = run_headrace(spark, data, os.path.join(tmp, "weak"), args.batch, args.shards,
                             semantics="at_least_once", productions="weak")
         check("headrace (at-least-once)", weak, oracle, args.records)
         rows.append(("headrace micro-batch (at-least-once, weak productions, SQLite)", args.records / weak.seconds))
-    if not args.skip_tws:
-        files = os.path.join(tmp, "files")
-        os.makedirs(files)
-        write_files(data, files, args.batch)
-        tws = run_transform_with_state(spark, files, os.path.join(tmp, "tws-checkpoint"))
-        check("transformWithState", tws, oracle, args.records)
-        rows.append(("transformWithState (Row API, RocksDB)", args.records / tws.seconds))
+    if TWS in rates:
+        rows.append((TWS, statistics.median(rates[TWS])))
     print(f"  {keys:,} keys: each variant drained {args.records:,} records in one micro-batch (continuous: one "
           f"commit per interval); "
           f"{len(oracle):,} per-key counts read back from each one's state and equal to the oracle", flush=True)
