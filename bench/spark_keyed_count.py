@@ -39,7 +39,6 @@ excluded from all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -90,7 +89,6 @@ class Measured(NamedTuple):
     batches: int
     rows: int
     commits_at: tuple[float, ...] = ()
-    workers: tuple[tuple[float, int], ...] = ()  # continuous mode: each worker task's start (s) and pid
     fenced: tuple[str, ...] = ()  # continuous mode: intervals a worker lost to another (its commit refused), and when
 
 
@@ -169,19 +167,16 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
         if stored != len(counts):
             counts["<state rows of other keys>"] = stored - len(counts)
         commits_at: tuple[float, ...] = ()
-        workers: tuple[tuple[float, int], ...] = ()
         lost: tuple[str, ...] = ()
         if mode == "continuous":  # an interval's commits are batches of its producer Count/<i>
             journal = [store.batches(f"{spec.name}/{i}") for i in range(shards)]
             batches = max(len(b) for b in journal)
             commits_at = tuple((b.completed_at - started_ms) / 1000 for j in journal for b in j)
-            workers = tuple(sorted(((w["started_at"] - started_ms) / 1000, w["pid"]) for w in map(
-                json.loads, store.metas(f"worker:{t.name}:").values())))
             lost = tuple(f"{e['interval']} at {(e['at'] - started_ms) / 1000:.2f} s"
                          for e in fenced_events(store, int(started_ms)))
         else:
             batches = len(store.batches(spec.name))
-        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"], commits_at, workers, lost)
+        return Measured(elapsed, counts, batches, store.counters(spec.name)["records"], commits_at, lost)
     finally:
         store.close()
 
@@ -191,8 +186,7 @@ def warm_up(spark: Any, folder: str, tws: bool, continuous: bool) -> None:
     data = records(2_000, 100)
     run_headrace(spark, data, os.path.join(folder, "headrace"), 1_000, 2)
     if continuous:
-        for _, pid in run_headrace(spark, data, os.path.join(folder, "continuous"), 1_000, 2, mode="continuous").workers:
-            seen(pid)
+        run_headrace(spark, data, os.path.join(folder, "continuous"), 1_000, 2, mode="continuous")
     if tws:
         files = os.path.join(folder, "files")
         os.makedirs(files)
@@ -256,17 +250,6 @@ def check(label: str, got: Measured, oracle: dict[str, int], records: int) -> No
     assert got.rows == records, f"{label}: processed {got.rows:,} input rows, not {records:,}"
     assert got.batches == 1, (f"{label}: drained the input in {got.batches} micro-batches (continuous: commits of "
                               f"one interval), not 1 as the others")
-
-
-PIDS: set[int] = set()  # the Python worker processes continuous runs have used so far
-
-
-def seen(pid: int) -> str:
-    """Whether a worker ran in a Python process an earlier run used (Spark reuses its workers)."""
-    if pid in PIDS:
-        return "reused"
-    PIDS.add(pid)
-    return "new"
 
 
 def measure(spark: Any, args: Any, keys: int, tmp: str) -> list[tuple[str, float]]:

@@ -109,8 +109,12 @@ class Connection:
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return self._x(sql, params).fetchall()
 
+    def _write(self, sql: str, params: Sequence[Any]) -> None:
+        """A write whose result nobody reads (a ``_together`` block may hold it)."""
+        self._x(sql, params)
+
     def _together(self) -> ContextManager[None]:
-        """``with self._together():`` writes whose results nobody reads (``_xmany``'s), sent in as
+        """``with self._together():`` writes whose results nobody reads (``_write``'s, ``_xmany``'s), sent in as
         few statements as the dialect allows (PostgreSQL: ``PostgresStore._together``); here each
         goes as it comes."""
         return nullcontext()

@@ -104,8 +104,8 @@ class OutcomeWrites(BusQueries):
             conditions.append(f"(computation = ? AND {condition} AND {{age}} < ?)")
             params += [computation, param, before]
         where = " OR ".join(conditions)
-        self._xmany(f"DELETE FROM seen_ids WHERE {where.format(age='timestamp')}", [tuple(params)])
-        self._xmany(f"DELETE FROM seen_ranges WHERE {where.format(age='newest')}", [tuple(params)])
+        self._write(f"DELETE FROM seen_ids WHERE {where.format(age='timestamp')}", params)
+        self._write(f"DELETE FROM seen_ranges WHERE {where.format(age='newest')}", params)
 
     def _advance_versions(self, commits: Sequence[ShardCommit]) -> None:
         """Each interval's version and watermarks, in one statement per kind: exactly-once moves
@@ -150,19 +150,16 @@ class OutcomeWrites(BusQueries):
         pass writes them last: a computation's counter rows are shared by every worker, and a row
         written earlier stayed locked for the rest of the pass, so the other workers' passes queued
         behind it (on PostgreSQL: 0.6-0.8 ms a pass on average, up to 35 ms, at 2,000 records/s
-        through three stages on two workers). One row of ``_xmany``, never psycopg's executemany: after
-        its pipeline the server does not apply ``idle_in_transaction_session_timeout``
-        (``limit_idle_transactions``)."""
+        through three stages on two workers). On PostgreSQL ``_xmany`` sends the rows as one
+        statement, in their order."""
         self._step("counters")
         counters: dict[tuple[str, str], int] = {}
         for c in commits:
             for name, value in c.counters.items():
                 counters[(c.computation, name)] = counters.get((c.computation, name), 0) + value
-        if counters:
-            rows = sorted(counters.items())
-            self._xmany("INSERT INTO counters VALUES " + ", ".join(["(?, ?, ?)"] * len(rows)) +
-                        " ON CONFLICT(computation, name) DO UPDATE SET value = counters.value + excluded.value",
-                        [tuple(x for (computation, name), v in rows for x in (computation, name, v))])
+        self._xmany("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(computation, name) DO UPDATE "
+                    "SET value = counters.value + excluded.value",
+                    [(computation, name, v) for (computation, name), v in sorted(counters.items())])
 
 
 def _kept(c: ShardCommit, timestamp: int) -> bool:

@@ -181,7 +181,7 @@ class PostgresStore(SQLStore):
 
     @contextmanager
     def _together(self) -> Iterator[None]:
-        """Hold ``_xmany``'s writes and send them as data-modifying WITH clauses of one statement: of
+        """Hold the writes of ``_write`` and ``_xmany`` and send them as data-modifying WITH clauses of one statement: of
         the next ``_x`` write, whose result (its row count) is then its own, or at the block's end.
         A commit's writes go out as two round trips instead of some twelve. Each clause sees the
         transaction as it was before the statement, not the other clauses' rows, so the writes of
@@ -204,8 +204,9 @@ class PostgresStore(SQLStore):
         return (len(held) + len(params) <= MAX_PARAMETERS
                 and sum(map(_size, held)) + sum(map(_size, params)) <= MAX_HELD_BYTES)
 
-    def _hold(self, sql: str, params: Sequence[Any]) -> None:
-        if self._held is None:  # not in a _together block
+    def _write(self, sql: str, params: Sequence[Any]) -> None:
+        """A write whose result nobody reads: held in a ``_together`` block, else sent now."""
+        if self._held is None:
             self._x(sql, params)
             return
         if not self._fits(params):
@@ -228,9 +229,8 @@ class PostgresStore(SQLStore):
         pipeline the server arms no idle-transaction timer (``limit_idle_transactions``) until the
         next plain statement, so a writer stopped right after one held its row locks for as long as
         it was silent: executemany only for what neither form fits."""
-        send = self._hold
         if len(rows) == 1:  # executemany's pipeline costs a round trip of its own: 130 µs instead of 80
-            send(sql, rows[0])
+            self._write(sql, rows[0])
         elif rows:
             statement = _statement_of_many(sql, len(rows[0]))
             if statement is None:
@@ -242,7 +242,7 @@ class PostgresStore(SQLStore):
             per = max(1, MAX_PARAMETERS // len(rows[0]))
             for at in range(0, len(rows), per):
                 chunk = rows[at:at + per]
-                send(statement(len(chunk)), [x for r in chunk for x in r])
+                self._write(statement(len(chunk)), [x for r in chunk for x in r])
 
     def _translate(self, sql: str, cache: bool = True) -> str:
         """The shared queries use ``?``; PostgreSQL's own placeholders are ``$1``, ``$2``, …

@@ -36,14 +36,14 @@ def counted(store: Any) -> list[str]:
     return sent
 
 
-def commit(store: Any, sequencer: int, shard: int, **fields: Any) -> ShardCommit:
+def commit(sequencer: int, shard: int, **fields: Any) -> ShardCommit:
     return ShardCommit(computation=C, shard=shard, batch=1, base_version=0, sequencer=sequencer,
                        journal_as=f"{C}/{shard}", input_watermark=50, output_watermark=40, **fields)
 
 
 def test_a_pass_of_intervals_commits_in_two_statements_besides_its_check_and_the_transaction(store: Any) -> None:
     sequencer = store.acquire_writer(C)
-    commits = [commit(store, sequencer, shard,
+    commits = [commit(sequencer, shard,
                       state_writes=[(f"k{shard}", f"v{shard}".encode()), (f"gone{shard}", None)],
                       timer_sets=[DueTimer(f"k{shard}", "t", "watermark", 900)],
                       seen_ids=[(f"id-{shard}-old", 5), (f"id-{shard}", 60)],
@@ -71,7 +71,7 @@ def test_writes_past_a_statements_parameter_limit_go_in_more_statements_and_all_
     sequencer = store.acquire_writer(C)
     keys = 65_535 // 3 + 1_000  # state rows of three parameters each: more than the protocol lets one statement have
     sent = counted(store)
-    store.commit_shard(commit(store, sequencer, 1, state_writes=[(f"k{i}", b"v") for i in range(keys)],
+    store.commit_shard(commit(sequencer, 1, state_writes=[(f"k{i}", b"v") for i in range(keys)],
                               counters={"records": keys}))
     assert sum(s.startswith(("WITH", "INSERT")) for s in sent) >= 3  # the state rows alone take three statements
     assert store.state(C, "k0") == b"v" and store.state(C, f"k{keys - 1}") == b"v"
@@ -85,7 +85,7 @@ def test_held_writes_past_a_byte_budget_go_in_more_statements_and_all_arrive(sto
     monkeypatch.setattr(postgres, "MAX_HELD_BYTES", 2_000)  # the server refuses a message past 1 GB; here 2 kB
     sequencer = store.acquire_writer(C)
     sent = counted(store)
-    store.commit_shard(commit(store, sequencer, 1, state_writes=[(f"k{i}", bytes([i]) * 500) for i in range(10)],
+    store.commit_shard(commit(sequencer, 1, state_writes=[(f"k{i}", bytes([i]) * 500) for i in range(10)],
                               seen_ids=[(f"id{i}", 60) for i in range(10)], counters={"records": 10}))
     assert sum(s.startswith(("WITH", "INSERT", "DELETE", "UPDATE")) for s in sent) >= 3
     assert [store.state(C, f"k{i}") for i in range(10)] == [bytes([i]) * 500 for i in range(10)]
