@@ -1,5 +1,5 @@
 """A topology as each runtime needs it, derived once: who produces each stream in a mode, each
-computation's read side (``engine.intake.Consumer``) and its routing plan for keyed delivery
+computation's read side (``engine.consumer.Consumer``) and its routing plan for keyed delivery
 (``engine.routing.RoutingPlan``). Both runners, their workers and tasks, and the injectors take
 their plans from here."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from .engine.intake import Consumer
+from .engine.consumer import Consumer
 from .engine.monoid import fold_streams
 from .engine.routing import RoutingPlan, Subscriber
 from .engine.worker import IntervalPlan

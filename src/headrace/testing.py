@@ -28,7 +28,8 @@ from typing import Any, Mapping, Sequence, cast
 import pyarrow as pa
 
 from .engine import DedupCache, InputRecord, run_batch
-from .engine.intake import Consumer, gather, plan_ranges
+from .engine.consumer import Consumer, plan_ranges
+from .engine.intake import gather
 from .engine.failures import construct, poison_input
 from .engine.publish import publish_injected
 from .engine.routing import RoutingPlan, Subscriber

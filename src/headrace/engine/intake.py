@@ -17,125 +17,23 @@ value, error}``: ``value`` is the decoded value, or its stored bytes when it can
 from __future__ import annotations
 
 import pickle
-from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable, Collection, Container, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ..errors import MISSING_MODULE_HINT, BadInputError
-from ..model import END_OF_TIME, ComputationOptions, KeyExtractor
-from ..names import parse_producer
+from ..model import KeyExtractor
 from .batch import CheckedRecord, InputRecord, rows_by_shard, shard_of, shards_of
+from .consumer import Consumer, Range
 from .monoid import Folder, columnar_parts, columnar_totals
-from .ports import Fence, Head, IntervalStore, RouteRequest, SegmentColumns
+from .ports import Fence, IntervalStore, RouteRequest, SegmentColumns
 from .routing import keys_of
 from .shard import ValueCheck
-from .watermark import input_low_watermark
 
-__all__ = ["Consumer", "Range", "Keyed", "Selected", "plan_ranges", "route_requests", "reader_dests", "read_keyed",
-           "select", "records_of", "gather", "reject_rows", "rejection", "input_watermark", "is_checked"]
+__all__ = ["Keyed", "Selected", "route_requests", "reader_dests", "read_keyed", "select", "records_of", "gather",
+           "reject_rows", "rejection", "is_checked"]
 
 DECODING = "decoding it"
-
-
-@dataclass(frozen=True)
-class Consumer:
-    """A computation as the read side sees it: its subscriptions (stream -> key extractor, and the
-    producers that write the stream), how it treats bad input, the typed streams it checks, the
-    streams a monoid folds where they are read, and the retired producers of an earlier layout
-    (read to their end, then left out of its watermark)."""
-
-    name: str
-    options: ComputationOptions
-    inputs: Mapping[str, KeyExtractor]
-    producers: Mapping[str, tuple[str, ...]]
-    dedup_streams: frozenset[str] = frozenset()
-    schemas: Mapping[str, ValueCheck] = field(default_factory=dict)
-    fold_streams: frozenset[str] = frozenset()
-    retired: frozenset[str] = frozenset()
-
-    @property
-    def shards(self) -> int:
-        return self.options.shards
-
-    @property
-    def all_producers(self) -> list[str]:
-        return sorted({p for ps in self.producers.values() for p in ps})
-
-    def streams_of(self, producer: str) -> list[str]:
-        return [s for s, ps in self.producers.items() if producer in ps]
-
-    def with_parts(self, declared: Mapping[str, Sequence[str]]) -> "Consumer":
-        """This consumer with the injector parts declared for its streams since it was planned (a
-        Kafka partition added while running is a new producer of its stream)."""
-        producers = dict(self.producers)
-        for stream, names in declared.items():
-            if stream in producers:
-                parts = [p for p in names if p not in producers[stream]
-                         and (parsed := parse_producer(p)).kind == "injector" and parsed.name == stream]
-                producers[stream] = producers[stream] + tuple(sorted(parts))
-        return self if producers == self.producers else replace(self, producers=producers)
-
-
-def input_watermark(consumer: Consumer, mark_of: Callable[[str], int]) -> int:
-    """The consumer's input low watermark when it has read each producer up to the batch whose
-    journaled output watermark ``mark_of(producer)`` gives: per stream the (percentile) minimum
-    over its producers, then the minimum over streams (MillWheel §4.5, §7.2)."""
-    return min((input_low_watermark([mark_of(p) for p in producers if p not in consumer.retired],
-                                    consumer.options.percentile(stream))
-                for stream, producers in consumer.producers.items()), default=END_OF_TIME)
-
-
-class Range(NamedTuple):
-    """Batches (after, upto] of a producer, read from the consumer's routed segments (routed under
-    ``layout`` intervals) or, when ``layout`` is None, from the streams' own segments."""
-
-    producer: str
-    after: int
-    upto: int
-    layout: int | None
-
-
-def plan_ranges(store: IntervalStore, consumer: Consumer, positions: Mapping[str, int],
-                heads: Mapping[str, Head], plans: dict[str, Any]) -> list[Range]:
-    """What to read of each producer past ``positions`` up to its head, and where: one range when
-    every batch since followed the head's routing plan (the common case), else one per run of
-    batches routed alike (``batch_plans``). ``plans`` caches plans by id."""
-    out: list[Range] = []
-    for producer in consumer.all_producers:
-        head = heads.get(producer)
-        after = positions.get(producer, 0)
-        if head is None or head.batch <= after:
-            continue
-        if head.plan_since is not None and head.plan_since <= after + 1:
-            out.append(Range(producer, after, head.batch, _layout(store, consumer, producer, head.plan, plans)))
-            continue
-        run: Range | None = None
-        for batch, plan in store.batch_plans(producer, after, head.batch):
-            layout = _layout(store, consumer, producer, plan, plans)
-            if run is not None and run.layout == layout:
-                run = run._replace(upto=batch)
-                continue
-            if run is not None:
-                out.append(run)
-            run = Range(producer, batch - 1, batch, layout)
-        if run is not None:
-            out.append(run)
-    return out
-
-
-def _layout(store: IntervalStore, consumer: Consumer, producer: str, plan: str | None,
-            plans: dict[str, Any]) -> int | None:
-    """How many intervals a plan routed for ``consumer`` on every stream it reads of ``producer``,
-    keyed with the extractor the consumer has now; None when it did not route all of them so."""
-    if plan is None:
-        return None
-    if plan not in plans:
-        plans[plan] = store.plan_routes(plan)
-    routes = plans[plan] or {}
-    layouts = set()
-    for stream in consumer.streams_of(producer):
-        shards, fingerprint = routes.get(stream, {}).get(consumer.name, (None, None))
-        layouts.add(shards if fingerprint == consumer.inputs[stream].fingerprint else None)
-    return layouts.pop() if len(layouts) == 1 and None not in layouts else None
 
 
 class Keyed(NamedTuple):
@@ -156,15 +54,28 @@ class Keyed(NamedTuple):
 def route_requests(consumer: Consumer, ranges: Sequence[Range], dests: Sequence[int] | None) -> list[RouteRequest]:
     """The ``read_routes`` calls ``read_keyed`` makes for ``ranges``: the segments routed under
     the consumer's own layout, of ``dests``, and those routed under another, of every interval."""
+    return [request for request, _ in _route_requests(consumer, ranges, dests)]
+
+
+def _route_requests(consumer: Consumer, ranges: Sequence[Range],
+                    dests: Sequence[int] | None) -> list[tuple[RouteRequest, bool]]:
+    """``route_requests``, each with whether it reads segments routed under the consumer's own layout."""
     n = consumer.shards
     same = [(r.producer, r.after, r.upto) for r in ranges if r.layout == n]
     other = [(r.producer, r.after, r.upto) for r in ranges if r.layout is not None and r.layout != n]
-    return [RouteRequest(consumer.name, wanted, d) for wanted, d in ((same, dests), (other, None)) if wanted]
+    return [(RouteRequest(consumer.name, wanted, d), own)
+            for wanted, d, own in ((same, dests, True), (other, None, False)) if wanted]
 
 
 def reader_dests(consumer: Consumer, shards: Collection[int] | None) -> list[int] | None:
     """The intervals a reader of ``shards`` (every interval: None) reads the routed segments of."""
     return None if shards is None or len(shards) >= consumer.shards else sorted(shards)
+
+
+COLUMNAR = 512
+"""Records: a segment at least this long has its keys hashed to intervals in columns
+(``SegmentColumns.key_shards``; numpy's fixed cost per call is tens of microseconds), a shorter
+one a key at a time through the reader's cache of known keys."""
 
 
 def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], dests: Sequence[int] | None,
@@ -173,21 +84,33 @@ def read_keyed(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range]
     where routed under its own layout, every interval's where routed under another (re-keyed to
     its own), and the streams' own segments keyed here where not routed."""
     n = consumer.shards
-    for request in route_requests(consumer, ranges, dests):
+    for request, own in _route_requests(consumer, ranges, dests):
         for routed in store.read_routes(*request):
             if routed.stream not in consumer.inputs:
                 continue
             keys = routed.seg.keys
+            if own:  # its producer put each record with a key in its interval under this very layout
+                shards: list[int | None] = [routed.dest] * len(keys)
+                if None in keys:
+                    shards = [None if key is None else routed.dest for key in keys]
+            elif len(keys) >= COLUMNAR:
+                shards = routed.seg.key_shards(n)
+            else:
+                shards = shards_of(keys, n, shard_ids)
             yield Keyed(routed.stream, routed.producer, routed.batch, routed.seg, keys, routed.seg.errors,
-                        shards_of(keys, n, shard_ids), routed.dest)
+                        shards, routed.dest)
     for r in ranges:
         if r.layout is not None:
             continue
         for stream in consumer.streams_of(r.producer):
             store.check_replay(stream, r.producer, r.after)  # not routed for it: the stream's own, all kept?
+            extractor = consumer.inputs[stream]
             for batch, seg in _segments(store, consumer.name, stream, r.producer, r.after, r.upto):
-                keys, errors = _key_segment(consumer.inputs[stream], seg)
-                yield Keyed(stream, r.producer, batch, seg, keys, errors, shards_of(keys, n, shard_ids))
+                keys, errors = _key_segment(extractor, seg)
+                columned = (seg.field_shards(extractor.field, extractor.kind, n)
+                            if extractor.field is not None and len(keys) >= COLUMNAR else None)
+                yield Keyed(stream, r.producer, batch, seg, keys, errors,
+                            columned if columned is not None else shards_of(keys, n, shard_ids))
 
 
 def _key_segment(extractor: KeyExtractor, seg: SegmentColumns) -> tuple[list[str | None], list[str | None] | None]:
@@ -324,9 +247,16 @@ def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[Inp
     interval 0's to reject, one whose value cannot be decoded its own interval's."""
     k = picked.keyed
     mine = [i for rs in picked.rows.values() for i in rs]
-    values, undecodable = _values_at(k.seg, mine)
     make = CheckedRecord if is_checked(k.seg, consumer.schemas.get(k.stream)) else InputRecord
     stamps, ids = k.seg.timestamps, k.seg.ids
+    if not picked.rejected:
+        try:
+            decoded = k.seg.values_at(mine)
+        except Exception:  # some value cannot be decoded: found and rejected a record at a time below
+            pass
+        else:
+            return _made(make, k, picked.rows, decoded), {}
+    values, undecodable = _values_at(k.seg, mine)
     errors = k.errors or [None] * len(k.keys)
     by_shard: dict[int, list[InputRecord]] = {}
     rejected: dict[int, list[InputRecord]] = {}
@@ -344,6 +274,28 @@ def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[Inp
                 consumer, [k.stream] * len(bad), [raw[i] for i in bad], [stamps[i] for i in bad],
                 [ids[i] for i in bad], [errors[i] for i in bad]))
     return by_shard, rejected
+
+
+def _made(make: type[InputRecord], k: Keyed, rows: Mapping[int, list[int]],
+          decoded: list[Any]) -> dict[int, list[InputRecord]]:
+    """Each interval's records of ``rows`` whose values ``decoded`` holds in the same order, built
+    without a Python call per record (NamedTuple's ``__new__`` is one)."""
+    keys, stamps, ids = k.keys, k.seg.timestamps, k.seg.ids
+    out: dict[int, list[InputRecord]] = {}
+    at = 0
+    for shard, picked in rows.items():
+        get = _picker(picked)
+        columns = zip(repeat(k.stream), get(keys), decoded[at:at + len(picked)], get(stamps), get(ids))
+        out[shard] = list(map(tuple.__new__, repeat(make), columns))
+        at += len(picked)
+    return dict(sorted(out.items()))
+
+
+def _picker(rows: list[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """A C-speed pick of ``rows`` from a column (``itemgetter``), a tuple even of one row or none."""
+    if len(rows) > 1:
+        return itemgetter(*rows)
+    return lambda column: tuple(column[i] for i in rows)
 
 
 def gather(store: IntervalStore, consumer: Consumer, ranges: Sequence[Range], shards: Collection[int] | None,

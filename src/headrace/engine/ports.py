@@ -95,6 +95,15 @@ class SegmentColumns(Protocol):
         text), read from the field columns; None when ``field(name, kind)`` would be."""
         ...
 
+    def field_shards(self, name: str, kind: type, shards: int) -> list[int | None] | None:
+        """``shard_of`` of each ``key_field(name, kind)`` key among ``shards`` intervals, computed
+        over the column at once; None when ``key_field`` would be."""
+        ...
+
+    def key_shards(self, shards: int) -> list[int | None]:
+        """``shard_of`` of each record's stored key (``keys``) at once; None where it has none."""
+        ...
+
     def field_totals(self, key: str, part: str | None, window: int | None,
                      since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
         """Per (field ``key``, end of the record's tumbling ``window``, or END_OF_TIME when None):

@@ -24,7 +24,8 @@ from ..names import interval
 from .batch import InputRecord, QuietReport, Routing, ShardBatch
 from .failures import construct
 from .groups import Group, Groups, OwnedInterval
-from .intake import Consumer, Range, gather, input_watermark, plan_ranges, reader_dests, route_requests
+from .consumer import Consumer, Range, input_watermark, plan_ranges
+from .intake import gather, reader_dests, route_requests
 from .monoid import Folder
 from .ports import Fence, Head, IntervalClaim, IntervalStore
 from .routing import RoutingPlan

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..engine import finish_batch
 from ..engine.batch import Routing
-from ..engine.intake import Consumer
+from ..engine.consumer import Consumer
 from ..engine.routing import RoutingPlan
 from ..errors import HeadraceError, UserCodeError
 from ..model import BEGINNING_OF_TIME

@@ -32,7 +32,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from ..engine import DedupCache, ShardBatch, run_shard_batch
 from ..engine.batch import Routing
 from ..engine.failures import construct
-from ..engine.intake import Consumer, Range, gather, input_watermark, plan_ranges
+from ..engine.consumer import Consumer, Range, input_watermark, plan_ranges
+from ..engine.intake import gather
 from ..engine.monoid import Folder
 from ..engine.routing import EMPTY_PLAN, RoutingPlan
 from ..engine.runner import collector_paused

@@ -11,10 +11,12 @@ import os
 import pickle
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..engine.batch import Produced, Production
+from ..engine.keyhash import shards_of_column
 from ..errors import OptionError
 from ..model import END_OF_TIME
 from ..schema import StreamSchema
@@ -197,10 +199,23 @@ class DecodedSegment:
         the fields as columns and the field holds a ``kind`` in every value; else None."""
         if kind is str:
             return self.field(name, str)
-        if kind is not int or self.fields_schema is None:
+        column = self._key_column(name, kind)
+        return column.to_pylist() if column is not None else None
+
+    def field_shards(self, name: str, kind: type, shards: int) -> list[int | None] | None:
+        """``shard_of`` each record's ``key_field`` key, hashed in columns; None when it is."""
+        column = self._key_column(name, kind)
+        return _string_shards(column, shards) if column is not None else None
+
+    def key_shards(self, shards: int) -> list[int | None]:
+        """``shard_of`` each record's stored key (None: no key), hashed in columns."""
+        return _string_shards(self._table.column("key").combine_chunks(), shards)
+
+    def _key_column(self, name: str, kind: type) -> pa.Array | None:
+        if self.fields_schema is None or kind not in (int, str):
             return None
-        column = _field_column(self._table.column(FIELDS).combine_chunks(), name, _KINDS[int])
-        return pc.cast(column, pa.string()).to_pylist() if column is not None else None
+        column = _field_column(self._table.column(FIELDS).combine_chunks(), name, _KINDS[kind])
+        return pc.cast(column, pa.string()) if column is not None and kind is int else column
 
     def field_totals(self, key: str, part: str | None, window: int | None,
                      since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
@@ -257,6 +272,19 @@ def _field_column(struct: pa.StructArray, name: str, is_kind: Any) -> pa.Array |
         return None
     column = struct.field(at)
     return column if is_kind(column.type) and column.null_count == 0 else None
+
+
+def _string_shards(column: pa.Array, shards: int) -> list[int | None]:
+    """``shard_of`` each string of an Arrow string column, from its buffers (None where null)."""
+    if pa.types.is_large_string(column.type):
+        column = column.cast(pa.string())
+    _, offsets, data = column.buffers()
+    start = column.offset
+    offs = np.frombuffer(offsets, dtype=np.int32)[start:start + len(column) + 1] if offsets is not None \
+        else np.zeros(1, dtype=np.int32)
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
+    return shards_of_column(offs, raw, valid, shards)
 
 
 def segment_columns(data: bytes) -> DecodedSegment:

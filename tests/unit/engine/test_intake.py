@@ -13,12 +13,16 @@ import pytest
 
 from headrace import key_by
 from headrace.engine.batch import InputRecord, shard_of
-from headrace.engine.intake import Consumer, plan_ranges, read_keyed, records_of, select
+from headrace.engine import intake
+from headrace.engine.consumer import Consumer, plan_ranges
+from headrace.engine.intake import read_keyed, records_of, select
 from headrace.engine.publish import publish_injected
 from headrace.engine.routing import EMPTY_PLAN, RoutingPlan, Subscriber
 from headrace.errors import BadInputError
 from headrace.model import ComputationOptions, KeyExtractor
+from headrace.schema import StreamSchema
 from headrace.store import Store, open_store
+from headrace.store.segments import DecodedSegment
 
 STREAM, PRODUCER = "events", "inject:events"
 
@@ -91,6 +95,36 @@ def test_routed_segments_and_the_streams_own_give_the_same_records(store: Store)
     assert all(shard_of(r.key, 4) == shard for shard, rs in records.items() for r in rs)
     assert [r.value["n"] for r in records[shard_of("u1", 4)] if r.key == "u1"] == [
         v["n"] for b in (1, 2, 3) for v in users(20, b) if v["user"] == "u1"]  # a key's records in order
+
+
+@pytest.mark.parametrize("routed", ["for it", "for another layout", "not"])
+@pytest.mark.parametrize("schema", [None, StreamSchema("user STRING, n BIGINT")])
+def test_a_long_segments_keys_hashed_in_columns_read_as_a_short_ones(
+        store: Store, monkeypatch: pytest.MonkeyPatch, routed: str, schema: StreamSchema | None) -> None:
+    c = consumer(on_error="dead_letter")
+    plan = {"for it": plan_for(c), "for another layout": plan_for(consumer(shards=3)), "not": EMPTY_PLAN}[routed]
+    values: list[Any] = users(60, 1) + [{"n": -1}] + users(9, 2)  # one with no key (interval 0 rejects it)
+    if plan.subscribers:
+        store.register_plan(plan.id, plan.routes)
+    publish_injected(store, PRODUCER, 1, STREAM, [(v, 100 + i, None) for i, v in enumerate(values)], 100, None,
+                     schema, plan, 1)
+    publish_injected(store, PRODUCER, 2, STREAM, [({"user": f"v{i}", "n": i}, 200 + i, None) for i in range(50)],
+                     200, None, schema, plan, 1)  # every record keyed (typed: its keys read from the field column)
+    hashed: list[str] = []
+    for name in ("key_shards", "field_shards"):
+        def spy(self: Any, *args: Any, _name: str = name, _real: Any = getattr(DecodedSegment, name)) -> Any:
+            hashed.append(_name)
+            return _real(self, *args)
+        monkeypatch.setattr(DecodedSegment, name, spy)
+    one_at_a_time = take(store, c), take(store, c, shards={0, 2})
+    assert hashed == []
+    monkeypatch.setattr(intake, "COLUMNAR", 1)
+    in_columns = take(store, c), take(store, c, shards={0, 2})
+    assert hashed or routed == "for it"  # its producer's interval is each record's: nothing hashed
+    assert in_columns == one_at_a_time
+    records, rejected = in_columns[0]
+    assert sum(map(len, records.values())) == 119 and [r.value["value"] for r in rejected] == [{"n": -1}]
+    assert all(shard_of(r.key, 4) == shard for shard, rs in records.items() for r in rs)
 
 
 def test_each_record_is_keyed_once_however_many_intervals_read_it(store: Store) -> None:

@@ -16,7 +16,7 @@ import pytest
 from headrace import Computation, key_by
 from headrace.engine import Production, ShardCommit
 from headrace.engine.batch import DueTimer
-from headrace.engine.intake import Consumer
+from headrace.engine.consumer import Consumer
 from headrace.model import BEGINNING_OF_TIME, ComputationOptions
 from headrace.spark import source
 from headrace.errors import HeadraceError, OptionError

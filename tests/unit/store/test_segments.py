@@ -136,3 +136,28 @@ def test_an_untyped_segment_has_no_field_columns() -> None:
     seg = segment_columns(encode_segment(typed([{"user": "ada", "n": 1}])))
     assert seg.fields_schema is None and seg.field("n", int) is None
     assert decode_segment(encode_segment(typed([{"user": "ada", "n": 1}]))).schema == SEGMENT_SCHEMA
+
+
+@settings(deadline=None)
+@given(keys=st.lists(st.none() | st.text(), max_size=40), shards=st.integers(1, 64), start=st.integers(0, 3))
+def test_stored_keys_are_hashed_to_intervals_in_columns_as_one_at_a_time(
+        keys: list[str | None], shards: int, start: int) -> None:
+    from headrace.engine.batch import shard_of
+
+    records = [Production("clicks", k, i, i, f"r{i}") for i, k in enumerate(keys)]
+    seg = segment_columns(encode_segment(records))
+    assert seg.key_shards(shards) == [None if k is None else shard_of(k, shards) for k in keys]
+    sliced = type(seg)(seg.table.slice(min(start, len(keys))))  # a column that starts past its buffers' start
+    assert sliced.key_shards(shards) == [None if k is None else shard_of(k, shards) for k in keys[start:]]
+
+
+def test_a_key_fields_intervals_are_its_keys_intervals() -> None:
+    from headrace.engine.batch import shard_of
+
+    values = [{"user": f"ü{i}", "n": i - 3} for i in range(7)]
+    seg = segment_columns(encode_segment(typed(values), SCHEMA))
+    assert seg.field_shards("user", str, 5) == [shard_of(v["user"], 5) for v in values]
+    assert seg.field_shards("n", int, 5) == [shard_of(str(v["n"]), 5) for v in values]
+    assert seg.field_shards("n", str, 5) is None and seg.field_shards("nope", str, 5) is None
+    untyped = segment_columns(encode_segment(typed(values)))
+    assert untyped.field_shards("user", str, 5) is None
