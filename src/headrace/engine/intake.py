@@ -249,14 +249,9 @@ def records_of(consumer: Consumer, picked: Selected) -> tuple[dict[int, list[Inp
     mine = [i for rs in picked.rows.values() for i in rs]
     make = CheckedRecord if is_checked(k.seg, consumer.schemas.get(k.stream)) else InputRecord
     stamps, ids = k.seg.timestamps, k.seg.ids
-    if not picked.rejected:
-        try:
-            decoded = k.seg.values_at(mine)
-        except Exception:  # some value cannot be decoded: found and rejected a record at a time below
-            pass
-        else:
-            return _made(make, k, picked.rows, decoded), {}
     values, undecodable = _values_at(k.seg, mine)
+    if not picked.rejected and not undecodable:  # the common case: every interval's records in one pass
+        return _made(make, k, picked.rows, list(values.values())), {}
     errors = k.errors or [None] * len(k.keys)
     by_shard: dict[int, list[InputRecord]] = {}
     rejected: dict[int, list[InputRecord]] = {}

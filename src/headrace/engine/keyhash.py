@@ -53,7 +53,7 @@ def crc32_column(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
 
 def shards_of_column(offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None, shards: int) -> list[int | None]:
     """``shard_of`` of each string of the column (None where ``valid`` is False: no key)."""
-    sids = (crc32_column(offsets, data) % shards).tolist()
+    sids = (crc32_column(offsets, data).astype(np.int64) % shards).tolist()  # past 2**32 intervals too
     if valid is not None and not valid.all():
         for i in np.flatnonzero(~valid).tolist():
             sids[i] = None

@@ -126,7 +126,7 @@ class DecodedSegment:
     """A segment's columns as lists (``engine.ports.SegmentColumns``): values unpickled on first
     use, or only at the rows asked for; a typed stream's fields read as columns without them."""
 
-    __slots__ = ("fields_schema", "_table", "_timestamps", "_keys", "_ids", "_values", "_fields")
+    __slots__ = ("fields_schema", "_table", "_timestamps", "_keys", "_ids", "_values", "_fields", "_key_columns")
 
     @property
     def errors(self) -> list[str | None] | None:
@@ -152,6 +152,7 @@ class DecodedSegment:
                                           if FIELDS in table.schema.names and _SCHEMA_KEY in meta else None)
         self._values: list[Any] | None = None
         self._fields: dict[tuple[str, type], list[Any] | None] = {}
+        self._key_columns: dict[tuple[str, type], pa.Array | None] = {}
 
     @property
     def timestamps(self) -> list[int]:  # a fold of totals (``field_totals``) never reads them as a list
@@ -188,7 +189,8 @@ class DecodedSegment:
         holds a ``kind`` (``int`` or ``str``) in every value; else None. Exact: ``exact_fields``."""
         if (name, kind) not in self._fields:
             is_kind = _KINDS.get(kind)
-            column = (_field_column(self._table.column(FIELDS).combine_chunks(), name, is_kind)
+            column = (self._key_column(name, str) if kind is str else
+                      _field_column(self._table.column(FIELDS).combine_chunks(), name, is_kind)
                       if self.fields_schema is not None and is_kind is not None else None)
             self._fields[(name, kind)] = column.to_pylist() if column is not None else None
         return self._fields[(name, kind)]
@@ -212,10 +214,15 @@ class DecodedSegment:
         return _string_shards(self._table.column("key").combine_chunks(), shards)
 
     def _key_column(self, name: str, kind: type) -> pa.Array | None:
+        """Field ``name`` as ``key_by(name, kind)``'s keys, an Arrow string column (kept for the
+        segment: ``key_field`` and ``field_shards`` read the same one)."""
         if self.fields_schema is None or kind not in (int, str):
             return None
-        column = _field_column(self._table.column(FIELDS).combine_chunks(), name, _KINDS[kind])
-        return pc.cast(column, pa.string()) if column is not None and kind is int else column
+        if (name, kind) not in self._key_columns:
+            column = _field_column(self._table.column(FIELDS).combine_chunks(), name, _KINDS[kind])
+            self._key_columns[(name, kind)] = (pc.cast(column, pa.string()) if column is not None and kind is int
+                                               else column)
+        return self._key_columns[(name, kind)]
 
     def field_totals(self, key: str, part: str | None, window: int | None,
                      since: int) -> dict[tuple[str, int], tuple[int, int]] | None:
@@ -276,12 +283,11 @@ def _field_column(struct: pa.StructArray, name: str, is_kind: Any) -> pa.Array |
 
 def _string_shards(column: pa.Array, shards: int) -> list[int | None]:
     """``shard_of`` each string of an Arrow string column, from its buffers (None where null)."""
-    if pa.types.is_large_string(column.type):
-        column = column.cast(pa.string())
     _, offsets, data = column.buffers()
     start = column.offset
-    offs = np.frombuffer(offsets, dtype=np.int32)[start:start + len(column) + 1] if offsets is not None \
-        else np.zeros(1, dtype=np.int32)
+    width = np.int64 if pa.types.is_large_string(column.type) else np.int32
+    offs = np.frombuffer(offsets, dtype=width)[start:start + len(column) + 1] if offsets is not None \
+        else np.zeros(1, dtype=width)
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
     return shards_of_column(offs, raw, valid, shards)

@@ -97,10 +97,15 @@ def test_routed_segments_and_the_streams_own_give_the_same_records(store: Store)
         v["n"] for b in (1, 2, 3) for v in users(20, b) if v["user"] == "u1"]  # a key's records in order
 
 
-@pytest.mark.parametrize("routed", ["for it", "for another layout", "not"])
+@pytest.mark.parametrize("routed, columnar", [
+    ("for it", set()),  # its producer's interval is each record's: nothing hashed
+    ("for another layout", {"key_shards"}),
+    ("not", {"field_shards"}),  # a typed stream's batch 2 (batch 1 has a value with no key field: no columns)
+])
 @pytest.mark.parametrize("schema", [None, StreamSchema("user STRING, n BIGINT")])
-def test_a_long_segments_keys_hashed_in_columns_read_as_a_short_ones(
-        store: Store, monkeypatch: pytest.MonkeyPatch, routed: str, schema: StreamSchema | None) -> None:
+def test_a_long_segments_keys_hashed_in_columns_read_as_a_short_ones_do(
+        store: Store, monkeypatch: pytest.MonkeyPatch, routed: str, columnar: set[str],
+        schema: StreamSchema | None) -> None:
     c = consumer(on_error="dead_letter")
     plan = {"for it": plan_for(c), "for another layout": plan_for(consumer(shards=3)), "not": EMPTY_PLAN}[routed]
     values: list[Any] = users(60, 1) + [{"n": -1}] + users(9, 2)  # one with no key (interval 0 rejects it)
@@ -110,21 +115,40 @@ def test_a_long_segments_keys_hashed_in_columns_read_as_a_short_ones(
                      schema, plan, 1)
     publish_injected(store, PRODUCER, 2, STREAM, [({"user": f"v{i}", "n": i}, 200 + i, None) for i in range(50)],
                      200, None, schema, plan, 1)  # every record keyed (typed: its keys read from the field column)
-    hashed: list[str] = []
+    hashed: set[str] = set()
     for name in ("key_shards", "field_shards"):
         def spy(self: Any, *args: Any, _name: str = name, _real: Any = getattr(DecodedSegment, name)) -> Any:
-            hashed.append(_name)
-            return _real(self, *args)
+            got = _real(self, *args)
+            if got is not None:
+                hashed.add(_name)
+            return got
         monkeypatch.setattr(DecodedSegment, name, spy)
     one_at_a_time = take(store, c), take(store, c, shards={0, 2})
-    assert hashed == []
+    assert hashed == set()
     monkeypatch.setattr(intake, "COLUMNAR", 1)
     in_columns = take(store, c), take(store, c, shards={0, 2})
-    assert hashed or routed == "for it"  # its producer's interval is each record's: nothing hashed
+    assert hashed == (columnar if schema is not None or routed != "not" else set())  # untyped: keyed one by one
     assert in_columns == one_at_a_time
+    assert [[type(r) for r in rs] for rs in in_columns[0][0].values()] == \
+        [[type(r) for r in rs] for rs in one_at_a_time[0][0].values()]
     records, rejected = in_columns[0]
     assert sum(map(len, records.values())) == 119 and [r.value["value"] for r in rejected] == [{"n": -1}]
     assert all(shard_of(r.key, 4) == shard for shard, rs in records.items() for r in rs)
+
+
+def test_an_intervals_records_are_the_same_built_at_once_or_one_by_one(store: Store) -> None:
+    """records_of's one pass (every value decodes) against its record-at-a-time path (one does not)."""
+    c = consumer(on_error="dead_letter")
+    good = users(40, 1)
+    publish(store, 1, good + [Poison(user="u1")])
+    publish(store, 2, good)
+    records, rejected = take(store, c)
+    assert len(rejected) == 1 and rejected[0].value["at"] == "failed decoding it"
+    one_by_one = [r for r in records[shard_of("u1", 4)] if r.id.startswith(f"{PRODUCER}:1:")]
+    at_once = [r for r in records[shard_of("u1", 4)] if r.id.startswith(f"{PRODUCER}:2:")]
+    assert [(type(r), r.stream, r.key, r.value, r.timestamp - 100) for r in one_by_one] == \
+        [(type(r), r.stream, r.key, r.value, r.timestamp - 200) for r in at_once]
+    assert [r.id.split(":")[-1] for r in one_by_one] == [r.id.split(":")[-1] for r in at_once]
 
 
 def test_each_record_is_keyed_once_however_many_intervals_read_it(store: Store) -> None:

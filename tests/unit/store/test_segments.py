@@ -8,6 +8,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 
 from headrace.engine import Production
 from headrace.schema import StreamSchema
-from headrace.store.segments import SEGMENT_SCHEMA, decode_segment, encode_segment, segment_columns, segment_rows
+from headrace.store.segments import (SEGMENT_SCHEMA, _string_shards, decode_segment, encode_segment, segment_columns,
+                                     segment_rows)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -147,8 +149,22 @@ def test_stored_keys_are_hashed_to_intervals_in_columns_as_one_at_a_time(
     records = [Production("clicks", k, i, i, f"r{i}") for i, k in enumerate(keys)]
     seg = segment_columns(encode_segment(records))
     assert seg.key_shards(shards) == [None if k is None else shard_of(k, shards) for k in keys]
-    sliced = type(seg)(seg.table.slice(min(start, len(keys))))  # a column that starts past its buffers' start
+    sliced = type(seg)(seg.table.slice(min(start, len(keys))))
     assert sliced.key_shards(shards) == [None if k is None else shard_of(k, shards) for k in keys[start:]]
+    for column in (pa.array(keys, pa.string()), pa.array(keys, pa.large_string())):
+        part = column.slice(min(start, len(keys)))  # starts past its buffers' start
+        assert part.offset == min(start, len(keys))
+        assert _string_shards(part, shards) == [None if k is None else shard_of(k, shards) for k in keys[start:]]
+
+
+def test_a_null_key_whose_slot_holds_bytes_has_no_interval() -> None:
+    from headrace.engine.batch import shard_of
+
+    offsets = pa.py_buffer(np.array([0, 2, 5, 6], dtype=np.int32).tobytes())
+    validity = pa.py_buffer(np.packbits([1, 0, 1], bitorder="little").tobytes())
+    column = pa.Array.from_buffers(pa.string(), 3, [validity, offsets, pa.py_buffer(b"abcdef")], null_count=1)
+    assert column.to_pylist() == ["ab", None, "f"]
+    assert _string_shards(column, 7) == [shard_of("ab", 7), None, shard_of("f", 7)]
 
 
 def test_a_key_fields_intervals_are_its_keys_intervals() -> None:
