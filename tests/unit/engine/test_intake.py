@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from headrace import key_by
-from headrace.engine.batch import InputRecord, shard_of
+from headrace.engine.batch import CheckedRecord, InputRecord, shard_of
 from headrace.engine import intake
 from headrace.engine.consumer import Consumer, plan_ranges
 from headrace.engine.intake import read_keyed, records_of, select
@@ -149,6 +149,19 @@ def test_an_intervals_records_are_the_same_built_at_once_or_one_by_one(store: St
     assert [(type(r), r.stream, r.key, r.value, r.timestamp - 100) for r in one_by_one] == \
         [(type(r), r.stream, r.key, r.value, r.timestamp - 200) for r in at_once]
     assert [r.id.split(":")[-1] for r in one_by_one] == [r.id.split(":")[-1] for r in at_once]
+
+
+def test_a_typed_streams_checked_records_stay_checked_built_at_once(store: Store) -> None:
+    """A segment whose field columns were written under the schema the consumer checks gives
+    ``CheckedRecord``s (not checked again), on the one-pass build as on the other."""
+    schema = StreamSchema("user STRING, n BIGINT")
+    c = Consumer("Count", ComputationOptions(shards=4, on_error="dead_letter"), {STREAM: key_by("user")},
+                 {STREAM: (PRODUCER,)}, schemas={STREAM: schema})
+    publish_injected(store, PRODUCER, 1, STREAM, [(v, 100 + i, None) for i, v in enumerate(users(30, 1))], 100,
+                     None, schema, EMPTY_PLAN, 1)
+    records, rejected = take(store, c)
+    assert rejected == [] and sum(map(len, records.values())) == 30
+    assert {type(r) for rs in records.values() for r in rs} == {CheckedRecord}
 
 
 def test_each_record_is_keyed_once_however_many_intervals_read_it(store: Store) -> None:
