@@ -6,10 +6,15 @@ import os
 
 import pytest
 
-__all__ = ["long_only"]
+__all__ = ["in_ci", "long_only"]
+
+
+def in_ci() -> bool:
+    """Whether this is the short CI run (a test that runs there in a shorter form asks this)."""
+    return os.environ.get("CI") == "true"
 
 
 def long_only(variant: str, covered_by: str) -> None:
     """Skip ``variant`` in CI, saying which variant CI runs instead; ``--long`` runs every one."""
-    if os.environ.get("CI") == "true":
+    if in_ci():
         pytest.skip(f"CI runs {covered_by} instead of {variant}; scripts/test --long runs both")

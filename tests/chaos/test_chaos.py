@@ -297,8 +297,10 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
-    if mode == "microbatch" and "postgresql" in store_url:
-        long_only("micro-batch chaos on PostgreSQL", covered_by="micro-batch chaos on SQLite, continuous on both")
+    if "postgresql" in store_url:
+        long_only(f"{mode} chaos on PostgreSQL", covered_by="this chaos on SQLite in both modes, tests/netbed's "
+                  "continuous run on PostgreSQL (a worker host killed, links cut) and tests/unit/store's kills "
+                  "inside each commit step of each store")
     # one kill of each kind; 6,000 events keep the pipeline running past the third kill (4,000 could
     # drain after the fourth); the long run below makes 24
     monkey = chaos(tmp_path, store_url, kills=3, n=6_000, mode=mode)

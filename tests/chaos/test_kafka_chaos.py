@@ -3,9 +3,11 @@ which must be read from its first offset) -> two keyed stages -> a Kafka sink an
 both modes, with the driver and the workers SIGKILLed again and again, some of the kills inside a
 sink's commit: the Kafka sink's transaction (the ``sink_commit`` failpoint: records and ledger
 sent, not committed) or the Delta sink's write (``lake_commit``: data files being written, no
-version committed). A ``read_committed`` consumer of the output topic and the Delta table (read
-with ``deltalake``) must each hold every input record exactly once, and each producer's Delta
-application transaction must be the last of its batches the table holds.
+version committed). The input is fed until the last kill, so that a kill inside a commit always
+has a commit to come. A ``read_committed`` consumer of the output topic and the Delta table (read
+with ``deltalake``, and by Spark alone from the files its log lists) must each hold every input
+record exactly once, and each producer's Delta application transaction must be the last of its
+batches the table holds.
 
 CI runs three kills (one inside each sink's commit, one worker) in continuous mode; ``scripts/test
 --long tests/chaos`` runs three in micro-batch mode too, and twelve a mode (four inside a sink
@@ -74,14 +76,18 @@ COMMIT_STEPS = {"kafka": "sink_commit", "delta": "lake_commit"}
 
 
 class Feeder(threading.Thread):
-    """Produces ``n`` events to the input topic at ``rate`` a second; at the halfway point adds a
-    partition and sends every fifth event after that to it."""
+    """Produces at least ``n`` events to the input topic at ``rate`` a second, and goes on until
+    ``done`` is set (a kill inside a sink's commit needs a commit to come: a pipeline that had caught
+    up with a finished feed would never commit again); at event ``n // 2`` it adds a partition and
+    sends every fifth event after that to it. ``sent`` is how many it produced."""
 
     def __init__(self, broker: Any, topic: str, n: int, rate: float, partitions: int):
         super().__init__(daemon=True)
         self.broker, self.topic, self.n, self.rate, self.partitions = broker, topic, n, rate, partitions
         self.error: BaseException | None = None
         self.added = threading.Event()
+        self.done = threading.Event()
+        self.sent = 0
 
     def run(self) -> None:
         from confluent_kafka import Producer
@@ -90,7 +96,8 @@ class Feeder(threading.Thread):
             config = {"bootstrap.servers": self.broker.bootstrap_servers, "enable.idempotence": True}
             producer = Producer(config)
             started = time.monotonic()
-            for i in range(self.n):
+            i = 0
+            while i < self.n or not self.done.is_set():
                 if i == self.n // 2:
                     producer.flush(30)
                     self.broker.add_partitions(self.topic, self.partitions + 1)
@@ -100,10 +107,12 @@ class Feeder(threading.Thread):
                 extra = {"partition": self.partitions} if self.added.is_set() and i % 5 == 0 else {}
                 producer.produce(self.topic, value, key=USERS[i % len(USERS)].encode(), **extra)
                 producer.poll(0)
-                ahead = (i + 1) / self.rate - (time.monotonic() - started)
+                i += 1
+                ahead = i / self.rate - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)  # pacing the load, not ordering anything
             producer.flush(30)
+            self.sent = i
         except BaseException as exc:
             self.error = exc
 
@@ -168,7 +177,9 @@ class KafkaMonkey:
         deadline = time.monotonic() + timeout_s
         self.start()
         while sum(self.kills.values()) < kills:
-            assert time.monotonic() < deadline, f"chaos ran out of time after {dict(self.kills)}"
+            assert time.monotonic() < deadline, (
+                f"chaos ran out of time after {dict(self.kills)} ({', '.join(self.times)}); stages: "
+                f"{stage_summary(self.store)}; drivers' log: {Path(self.log.name).read_text()[-3000:]}")
             if not self.alive():  # a worker kill must not bring it down (micro-batch: its query starts again)
                 raise AssertionError(f"a driver exited: {Path(self.log.name).read_text()[-3000:]}")
             missing = [k for k in kinds if self.kills[k] < kinds.count(k)]
@@ -198,16 +209,20 @@ class KafkaMonkey:
             self.driver.wait()
 
 
-def kafka_chaos(broker: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple[str, ...], n: int,
+def kafka_chaos(broker: Any, spark: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple[str, ...], n: int,
                 rate: float, timeout_s: float) -> None:
     sinks = {"kafka": broker.create_topic(partitions=3), "delta": str(tmp_path / "delta")}
     monkey = KafkaMonkey(tmp_path, broker, mode, sinks, seed=kills)
     feeder = Feeder(broker, monkey.input, n, rate, partitions=3)
     try:
         feeder.start()
-        monkey.run(kills, kinds, timeout_s)
+        try:
+            monkey.run(kills, kinds, timeout_s)
+        finally:
+            feeder.done.set()
         feeder.join(timeout=timeout_s)
-        assert feeder.error is None and feeder.added.is_set(), feeder.error
+        assert feeder.error is None and feeder.added.is_set() and feeder.sent >= n, (feeder.error, feeder.sent)
+        n = feeder.sent
         deadline = time.monotonic() + timeout_s
         while True:  # no more kills: let it write everything
             held = {kind: READERS[kind](broker, arg) for kind, arg in sinks.items()}
@@ -228,8 +243,11 @@ def kafka_chaos(broker: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple
     for kind, ns in held.items():
         doubled = sorted(x for x, c in Counter(ns).items() if c > 1)
         assert sorted(set(ns)) == list(range(n)) and not doubled, (kind, doubled[:10], sorted(set(range(n)) - set(ns))[:10])
-    # the Delta sink's application transaction of each producer is the last of its batches the table holds
+    # Spark alone, reading the files the Delta log lists, sees the same rows
     table = DeltaTable(sinks["delta"])
+    rows = spark.read.option("basePath", sinks["delta"]).parquet(*table.file_uris()).select("value").collect()
+    assert sorted(pickle.loads(r.value)["n"] for r in rows) == list(range(n))
+    # the Delta sink's application transaction of each producer is the last of its batches the table holds
     last = batches_of(table.to_pyarrow_table(columns=["producer", "batch"]))
     assert last and {p: table.transaction_version(lake_app_id("delta-out", p)) for p in last} == last
     late = [m for m in read_topic(broker.bootstrap_servers, monkey.input) if m.partition == 3]
@@ -239,19 +257,19 @@ def kafka_chaos(broker: Any, tmp_path: Path, mode: str, kills: int, kinds: tuple
 
 
 @pytest.mark.parametrize("mode", ["continuous", "microbatch"])
-def test_kafka_to_kafka_and_delta_holds_every_record_once_after_three_kills(kafka_broker: Any, tmp_path: Path,
-                                                                            mode: str) -> None:
+def test_kafka_to_kafka_and_delta_holds_every_record_once_after_three_kills(kafka_broker: Any, spark: Any,
+                                                                            tmp_path: Path, mode: str) -> None:
     if mode == "microbatch":  # with the Delta sink too: 54 s and 58 s in two runs here
         long_only("the micro-batch Kafka chaos", covered_by="the continuous one (32-34 s here)")
-    kafka_chaos(kafka_broker, tmp_path, mode, kills=3, kinds=("sink_commit", "worker", "lake_commit"), n=3_000,
+    kafka_chaos(kafka_broker, spark, tmp_path, mode, kills=3, kinds=("sink_commit", "worker", "lake_commit"), n=3_000,
                 rate=150, timeout_s=240)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["continuous", "microbatch"])
-def test_kafka_to_kafka_and_delta_holds_every_record_once_after_twelve_kills(kafka_broker: Any, tmp_path: Path,
-                                                                             mode: str) -> None:
-    kafka_chaos(kafka_broker, tmp_path, mode, kills=12,
+def test_kafka_to_kafka_and_delta_holds_every_record_once_after_twelve_kills(kafka_broker: Any, spark: Any,
+                                                                             tmp_path: Path, mode: str) -> None:
+    kafka_chaos(kafka_broker, spark, tmp_path, mode, kills=12,
                 kinds=("sink_commit", "lake_commit", "driver", "worker", "sink_commit", "lake_commit", "worker",
                        "driver"),
                 n=15_000, rate=120, timeout_s=900)

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import pytest
 
 from ..chaos.test_chaos import Divergence
+from ..ci import in_ci
 from .bed import BED_HINT, Host, why_no_bed
 from .cluster import BedCluster, cluster_bed
 from .faults import (LEASE_S, BedMonkey, Cut, Killed, Throttled, cut_worker_link, every_worker_holds_intervals,
@@ -33,7 +34,7 @@ Fault = Cut | Throttled | Killed
 def running_bed(tmp_path: Path, workers: int) -> Iterator[BedCluster]:
     why_not = why_no_bed()
     if why_not is not None:
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(f"{why_not}; CI runs as root and must run the network test bed. Hint: {BED_HINT}",
                         pytrace=False)
         pytest.skip(f"{why_not}. Hint: {BED_HINT}")

@@ -55,7 +55,7 @@ def test_zeitgeist_finds_exactly_the_injected_anomalies_on_spark_and_on_the_harn
 
 def test_zeitgeist_stopped_with_ctrl_c_resumes_without_losing_or_repeating_an_anomaly(tmp_path: Path) -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    command = [sys.executable, "-m", "examples.zeitgeist.job", "--dir", str(tmp_path / "run"), "--rate", "3000"]
+    command = [sys.executable, "-m", "examples.zeitgeist.job", "--dir", str(tmp_path / "run"), "--rate", "6000"]
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     anomalies_file = tmp_path / "run" / "anomalies.jsonl"
     deadline = time.time() + 240

@@ -135,7 +135,7 @@ def wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 30) -> None:
 def test_sigkill_at_random_moments_never_breaks_exactly_once(tmp_path: Path, store_url: str, kills: int,
                                                             batches: int) -> None:
     if "postgresql" in store_url:
-        long_only("PostgreSQL", covered_by="SQLite here and PostgreSQL in tests/chaos and test_semantics_under_kills")
+        long_only("PostgreSQL", covered_by="SQLite here and PostgreSQL in tests/netbed and test_semantics_under_kills")
     db = store_url
     seed = random.randrange(2**32)
     rng = random.Random(seed)
