@@ -274,7 +274,8 @@ def test_a_field_key_of_a_typed_stream_is_read_from_its_columns_unpickling_only_
     from headrace.schema import StreamSchema
     from headrace.store import segments
 
-    values = [{"user": f"u{i % 7}", "n": i * 7919 - 500} for i in range(40)]
+    # fields in another order than the schema's: the values are unpickled, not built from the columns
+    values = [{"n": i * 7919 - 500, "user": f"u{i % 7}"} for i in range(40)]
     publish_injected(store, PRODUCER, 1, STREAM, [(v, 100 + i, None) for i, v in enumerate(values)], 100, None,
                      StreamSchema("user STRING, n BIGINT"), EMPTY_PLAN, 1)  # not routed: keyed by the reader
     loads: list[bytes] = []

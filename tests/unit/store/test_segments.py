@@ -177,3 +177,50 @@ def test_a_key_fields_intervals_are_its_keys_intervals() -> None:
     assert seg.field_shards("n", str, 5) is None and seg.field_shards("nope", str, 5) is None
     untyped = segment_columns(encode_segment(typed(values)))
     assert untyped.field_shards("user", str, 5) is None
+
+
+FLAT = StreamSchema("user STRING, n BIGINT, score DOUBLE, ok BOOLEAN")
+FLAT_VALUES = [{"user": "ada", "n": 3, "score": 0.5, "ok": True}, {"user": "bob", "n": -(2**63), "score": None, "ok": False},
+               {"user": None, "n": 2**63 - 1, "score": float("inf"), "ok": None}]
+
+
+def same(got: list[Any], expected: list[Any]) -> bool:
+    """Equal, with each field's type and each dict's key order."""
+    return [[(k, type(x), x) for k, x in v.items()] for v in got] == \
+        [[(k, type(x), x) for k, x in v.items()] for v in expected]
+
+
+def test_values_that_are_exactly_their_fields_are_built_from_the_field_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    from headrace.store import segments
+
+    data = encode_segment(typed(FLAT_VALUES), FLAT)
+
+    def refuse(_: bytes) -> Any:
+        raise AssertionError("a value was unpickled")
+
+    monkeypatch.setattr(segments.pickle, "loads", refuse)
+    assert same(segment_columns(data).values_at([2, 0]), [FLAT_VALUES[2], FLAT_VALUES[0]])
+    assert same(segment_columns(data).values, FLAT_VALUES)
+    table = segments.routed_table(decode_segment(data), [1, 2], ["b", None], [None, "no key"])
+    assert same(segments.DecodedSegment(table).values, FLAT_VALUES[1:])  # a routed segment keeps the writer's word
+
+
+@pytest.mark.parametrize("odd, why", [
+    ({"n": 1, "user": "cy", "score": 0.5, "ok": True}, "its fields in another order than the schema's"),
+    ({"user": "cy", "n": 1, "score": 0.5}, "a field missing (it would read back as None)"),
+    ({"user": "cy", "n": 1, "score": 2, "ok": True}, "an int in a DOUBLE field (it would read back as 2.0)"),
+    ({"user": "cy", "n": 1, "score": 0.5, "ok": 1}, "an int in a BOOLEAN field (it would read back as True)"),
+])
+def test_values_that_are_not_exactly_their_fields_are_unpickled(odd: Any, why: str) -> None:
+    values = [FLAT_VALUES[0], odd]
+    seg = segment_columns(encode_segment(typed(values), FLAT))
+    assert not seg._values_in_fields, why
+    assert same(seg.values, values) and same(segment_columns(encode_segment(typed(values), FLAT)).values_at([1]), [odd])
+
+
+@pytest.mark.parametrize("ddl", ["user STRING, n BIGINT, score FLOAT", "user STRING, n BIGINT, tags ARRAY<STRING>"])
+def test_a_schema_with_a_column_that_does_not_read_back_exactly_has_its_values_unpickled(ddl: str) -> None:
+    values = [{"user": "ada", "n": 1, ddl.split()[-2].rstrip(","): 0.1 if "FLOAT" in ddl else ["a"]}]
+    seg = segment_columns(encode_segment(typed(values), StreamSchema(ddl)))
+    assert seg.fields_schema is not None and not seg._values_in_fields  # a FLOAT holds 0.1 as 0.10000000149...
+    assert same(seg.values, values)
