@@ -84,7 +84,8 @@ def segment_table(records: Sequence[Production], schema: StreamSchema | None = N
     if schema is not None and fields is not None:
         columns[FIELDS] = fields
         meta = {_SCHEMA_KEY: schema.fingerprint.encode()}
-        if values_are_fields(values, schema):
+        # a Produced value was pickled when produced: its dict may have changed since (reused by user code)
+        if not any(type(p) is Produced for p in records) and values_are_fields(values, schema):
             meta[_VALUES_KEY] = FIELDS.encode()
         arrow_schema = SEGMENT_SCHEMA.append(pa.field(FIELDS, fields.type)).with_metadata(meta)
     return pa.table(columns, schema=arrow_schema)
@@ -132,7 +133,8 @@ def values_are_fields(values: Sequence[dict[str, Any]], schema: StreamSchema) ->
     a DOUBLE; no other column type): that row, read back, equals the unpickled value, type for type."""
     names = tuple(f.name for f in schema.arrow)
     kinds = [_exact_kind(f.type) for f in schema.arrow]
-    if any(k is None for k in kinds) or not all(map(names.__eq__, map(tuple, values))):
+    if any(k is None for k in kinds) or not all(map(names.__eq__, map(tuple, values))) or \
+            not all(type(k) is str for v in values for k in v):  # a str subclass key would come back a str
         return False
     return all(set(map(type, map(itemgetter(name), values))) <= {kind, type(None)} for name, kind in zip(names, kinds))
 
@@ -150,8 +152,9 @@ def decode_segment(data: bytes) -> pa.Table:
 
 
 class DecodedSegment:
-    """A segment's columns as lists (``engine.ports.SegmentColumns``): values unpickled on first
-    use, or only at the rows asked for; a typed stream's fields read as columns without them."""
+    """A segment's columns as lists (``engine.ports.SegmentColumns``): values decoded on first
+    use, or only at the rows asked for (unpickled, or built from the field columns when the writer
+    said they are exactly the values); a typed stream's fields read as columns without them."""
 
     __slots__ = ("fields_schema", "_table", "_timestamps", "_keys", "_ids", "_values", "_fields", "_key_columns",
                  "_values_in_fields")

@@ -209,12 +209,13 @@ def test_values_that_are_exactly_their_fields_are_built_from_the_field_columns(m
     ({"n": 1, "user": "cy", "score": 0.5, "ok": True}, "its fields in another order than the schema's"),
     ({"user": "cy", "n": 1, "score": 0.5}, "a field missing (it would read back as None)"),
     ({"user": "cy", "n": 1, "score": 2, "ok": True}, "an int in a DOUBLE field (it would read back as 2.0)"),
-    ({"user": "cy", "n": 1, "score": 0.5, "ok": 1}, "an int in a BOOLEAN field (it would read back as True)"),
+    ({"user": "cy", "n": 1, "score": 0.5, "ok": np.bool_(True)}, "a numpy bool (it would read back as a bool)"),
+    ({np.str_("user"): "cy", "n": 1, "score": 0.5, "ok": True}, "a str subclass key (it would read back as a str)"),
 ])
 def test_values_that_are_not_exactly_their_fields_are_unpickled(odd: Any, why: str) -> None:
     values = [FLAT_VALUES[0], odd]
     seg = segment_columns(encode_segment(typed(values), FLAT))
-    assert not seg._values_in_fields, why
+    assert seg.fields_schema is not None and not seg._values_in_fields, why
     assert same(seg.values, values) and same(segment_columns(encode_segment(typed(values), FLAT)).values_at([1]), [odd])
 
 
@@ -224,3 +225,15 @@ def test_a_schema_with_a_column_that_does_not_read_back_exactly_has_its_values_u
     seg = segment_columns(encode_segment(typed(values), StreamSchema(ddl)))
     assert seg.fields_schema is not None and not seg._values_in_fields  # a FLOAT holds 0.1 as 0.10000000149...
     assert same(seg.values, values)
+
+
+def test_produced_values_are_unpickled_as_produced_even_if_their_dict_changed_since() -> None:
+    from headrace.engine.batch import produced
+
+    out: dict[str, Any] = {"user": "ada", "n": 0, "score": 0.5, "ok": True}
+    records = []
+    for n in range(3):  # user code that reuses one dict for each production
+        out["n"] = n
+        records.append(produced("clicks", None, out, n, f"id{n}", pickle.dumps(out)))
+    seg = segment_columns(encode_segment(records, FLAT))
+    assert not seg._values_in_fields and [v["n"] for v in seg.values] == [0, 1, 2]
