@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Sequence
 
@@ -120,8 +121,9 @@ def exact_fields(values: Sequence[Any], schema: StreamSchema) -> pa.StructArray 
     if column is None:
         return None
     for f in schema.arrow:
-        exact = int if pa.types.is_integer(f.type) else str if pa.types.is_string(f.type) else None
-        if exact is not None and not all(type(v[f.name]) is exact for v in values if v.get(f.name) is not None):
+        exact = _exact_kind(f.type)
+        if exact in _CHECKED_BY_EXACT_FIELDS and \
+                not all(type(v[f.name]) is exact for v in values if v.get(f.name) is not None):
             return None
     return column
 
@@ -134,17 +136,21 @@ def values_are_fields(values: Sequence[dict[str, Any]], schema: StreamSchema) ->
     names = tuple(f.name for f in schema.arrow)
     kinds = [_exact_kind(f.type) for f in schema.arrow]
     if any(k is None for k in kinds) or not all(map(names.__eq__, map(tuple, values))) or \
-            not all(type(k) is str for v in values for k in v):  # a str subclass key would come back a str
+            not set(map(type, chain.from_iterable(values))) <= {str}:  # a str subclass key would come back a str
         return False
-    return all(set(map(type, map(itemgetter(name), values))) <= {kind, type(None)} for name, kind in zip(names, kinds))
+    # ints and strs were checked exact by exact_fields; a bool or float column also takes other types
+    return all(set(map(type, map(itemgetter(name), values))) <= {kind, type(None)}
+               for name, kind in zip(names, kinds) if kind not in _CHECKED_BY_EXACT_FIELDS)
+
+
+# A field's Arrow type -> the one Python type whose values read back from it unchanged.
+_EXACT_KINDS = ((pa.types.is_integer, int), (pa.types.is_string, str), (pa.types.is_boolean, bool),
+                (pa.types.is_float64, float))
+_CHECKED_BY_EXACT_FIELDS = (int, str)
 
 
 def _exact_kind(arrow_type: pa.DataType) -> type | None:
-    for test, kind in ((pa.types.is_integer, int), (pa.types.is_string, str), (pa.types.is_boolean, bool),
-                       (pa.types.is_float64, float)):
-        if test(arrow_type):
-            return kind
-    return None
+    return next((kind for test, kind in _EXACT_KINDS if test(arrow_type)), None)
 
 
 def decode_segment(data: bytes) -> pa.Table:
@@ -302,7 +308,7 @@ class DecodedSegment:
         return self._table.num_rows
 
 
-_KINDS = {int: pa.types.is_integer, str: pa.types.is_string}  # a field's Python kind -> its Arrow types
+_KINDS = {kind: test for test, kind in _EXACT_KINDS if kind in _CHECKED_BY_EXACT_FIELDS}  # keyable kinds -> Arrow test
 
 
 def _field_column(struct: pa.StructArray, name: str, is_kind: Any) -> pa.Array | None:
