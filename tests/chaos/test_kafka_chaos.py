@@ -79,7 +79,8 @@ class Feeder(threading.Thread):
     """Produces at least ``n`` events to the input topic at ``rate`` a second, and goes on until
     ``done`` is set (a kill inside a sink's commit needs a commit to come: a pipeline that had caught
     up with a finished feed would never commit again); at event ``n // 2`` it adds a partition and
-    sends every fifth event after that to it. ``sent`` is how many it produced."""
+    sends every fifth event after that to it. ``sent`` is how many it produced, every one
+    acknowledged by the broker (else ``error`` says how many were not)."""
 
     def __init__(self, broker: Any, topic: str, n: int, rate: float, partitions: int):
         super().__init__(daemon=True)
@@ -88,6 +89,17 @@ class Feeder(threading.Thread):
         self.added = threading.Event()
         self.done = threading.Event()
         self.sent = 0
+        self.failed: list[Any] = []  # delivery errors the producer reported
+
+    def _flush(self, producer: Any) -> None:
+        left = producer.flush(30)
+        if left or self.failed:
+            raise RuntimeError(f"the feeder's events were not all delivered: {left} still queued after 30 s, "
+                               f"{len(self.failed)} failed (first: {self.failed[:1]})")
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.failed.append(err)
 
     def run(self) -> None:
         from confluent_kafka import Producer
@@ -99,19 +111,20 @@ class Feeder(threading.Thread):
             i = 0
             while i < self.n or not self.done.is_set():
                 if i == self.n // 2:
-                    producer.flush(30)
+                    self._flush(producer)
                     self.broker.add_partitions(self.topic, self.partitions + 1)
                     self.added.set()
                     producer = Producer(config)  # one that knows the new partition
                 value = json.dumps({"user": USERS[i % len(USERS)], "n": i, "ts": 1_700_000_000_000 + i * 5}).encode()
                 extra = {"partition": self.partitions} if self.added.is_set() and i % 5 == 0 else {}
-                producer.produce(self.topic, value, key=USERS[i % len(USERS)].encode(), **extra)
+                producer.produce(self.topic, value, key=USERS[i % len(USERS)].encode(), on_delivery=self._delivered,
+                                 **extra)
                 producer.poll(0)
                 i += 1
                 ahead = i / self.rate - (time.monotonic() - started)
                 if ahead > 0:
                     time.sleep(ahead)  # pacing the load, not ordering anything
-            producer.flush(30)
+            self._flush(producer)
             self.sent = i
         except BaseException as exc:
             self.error = exc
