@@ -198,3 +198,19 @@ def test_a_pass_reads_its_rows_once_and_each_load_that_lacks_no_key_uses_its_row
     cache.drop(NAME, 0)  # fenced or lost: its row goes with its cache
     cache.load(shards, NAME, 0, 7, ["k0"], 10, 5)  # type: ignore[arg-type]
     assert shards.asked[-1] == ["k0"]
+
+
+def test_a_batch_of_more_keys_than_the_cache_holds_leaves_no_older_value_of_any_of_them() -> None:
+    shards = FakeShards()
+    cache = StateCache(capacity=3)
+    cache.load(shards, NAME, 0, 7, ["k1", "k0"], 0, 0)  # type: ignore[arg-type]  # k0 the more recent
+    writes = [("k0", b"a"), ("k1", b"b"), ("k2", b"c"), ("k3", b"d")]
+    cache.committed(ShardCommit(NAME, 0, 5, 4, 7, state_writes=writes))
+    shards.states.update(writes)
+    shards.version = 5
+    assert len(cache) == 3
+    snap = cache.load(shards, NAME, 0, 7, ["k0", "k1", "k2", "k3"], 0, 0)  # type: ignore[arg-type]
+    # k0 fell out (the batch's first key): read from the store, not its value from before the batch
+    assert shards.asked[-1] == ["k0"] and snap.states == dict(writes)
+    cache.load(shards, NAME, 1, 7, ["k4"], 0, 0)  # type: ignore[arg-type]
+    assert len(cache) == 3  # the least recently used of interval 0 went for interval 1's key
