@@ -94,8 +94,8 @@ class Feeder(threading.Thread):
     def _flush(self, producer: Any) -> None:
         left = producer.flush(30)
         if left or self.failed:
-            raise RuntimeError(f"the feeder's events were not all delivered: {left} still queued after 30 s, "
-                               f"{len(self.failed)} failed (first: {self.failed[:1]})")
+            raise RuntimeError(f"the feeder's events were not all delivered: {len(self.failed)} failed (first: "
+                               f"{self.failed[:1]}), {left} still queued after 30 s")
 
     def _delivered(self, err: Any, _msg: Any) -> None:
         if err is not None:

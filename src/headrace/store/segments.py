@@ -25,7 +25,7 @@ from ..errors import OptionError
 from ..model import END_OF_TIME
 from ..schema import StreamSchema
 
-__all__ = ["SEGMENT_SCHEMA", "PIECE_SLOT", "segment_limit", "pieces", "encode_segment", "segment_table", "routed_table", "to_bytes", "values_are_fields", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
+__all__ = ["SEGMENT_SCHEMA", "PIECE_SLOT", "segment_limit", "pieces", "encode_segment", "segment_table", "routed_table", "to_bytes", "decode_segment", "segment_rows", "segment_columns", "DecodedSegment"]
 
 SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.binary()), ("timestamp", pa.int64()), ("id", pa.string())])
 FIELDS = "fields"
@@ -129,10 +129,11 @@ def exact_fields(values: Sequence[Any], schema: StreamSchema) -> pa.StructArray 
 
 
 def values_are_fields(values: Sequence[dict[str, Any]], schema: StreamSchema) -> bool:
-    """Whether each value (a plain dict that ``exact_fields`` kept) is exactly its row of the field
-    columns: every field of ``schema`` present, in its order, and nothing else, each one None or
-    exactly the Python type its column reads back as (``int``, ``str``, ``bool``, or a ``float`` in
-    a DOUBLE; no other column type): that row, read back, equals the unpickled value, type for type."""
+    """Whether each value is exactly its row of the field columns: every field of ``schema``
+    present, in its order, and nothing else, each one None or exactly the Python type its column
+    reads back as (``int``, ``str``, ``bool``, or a ``float`` in a DOUBLE; no other column type):
+    that row, read back, equals the unpickled value, type for type. Only for values that
+    ``exact_fields`` kept: their int and str fields are not checked again here."""
     names = tuple(f.name for f in schema.arrow)
     kinds = [_exact_kind(f.type) for f in schema.arrow]
     if any(k is None for k in kinds) or not all(map(names.__eq__, map(tuple, values))) or \
@@ -146,7 +147,7 @@ def values_are_fields(values: Sequence[dict[str, Any]], schema: StreamSchema) ->
 # A field's Arrow type -> the one Python type whose values read back from it unchanged.
 _EXACT_KINDS = ((pa.types.is_integer, int), (pa.types.is_string, str), (pa.types.is_boolean, bool),
                 (pa.types.is_float64, float))
-_CHECKED_BY_EXACT_FIELDS = (int, str)
+_CHECKED_BY_EXACT_FIELDS = (int, str)  # also the kinds a key is read as from a field column (_KINDS)
 
 
 def _exact_kind(arrow_type: pa.DataType) -> type | None:
@@ -308,7 +309,8 @@ class DecodedSegment:
         return self._table.num_rows
 
 
-_KINDS = {kind: test for test, kind in _EXACT_KINDS if kind in _CHECKED_BY_EXACT_FIELDS}  # keyable kinds -> Arrow test
+# a key's kinds -> the Arrow types it is read from
+_KINDS: dict[type, Any] = {kind: test for test, kind in _EXACT_KINDS if kind in _CHECKED_BY_EXACT_FIELDS}
 
 
 def _field_column(struct: pa.StructArray, name: str, is_kind: Any) -> pa.Array | None:

