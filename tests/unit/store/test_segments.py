@@ -216,9 +216,10 @@ def test_values_that_are_exactly_their_fields_are_built_from_the_field_columns(m
 ])
 def test_values_that_are_not_exactly_their_fields_are_unpickled(odd: Any, why: str) -> None:
     values = [FLAT_VALUES[0], odd]
-    seg = segment_columns(encode_segment(typed(values), FLAT))
+    data = encode_segment(typed(values), FLAT)
+    seg = segment_columns(data)
     assert seg.fields_schema is not None and not seg._values_in_fields, why
-    assert same(seg.values, values) and same(segment_columns(encode_segment(typed(values), FLAT)).values_at([1]), [odd])
+    assert same(seg.values, values) and same(segment_columns(data).values_at([1]), [odd])
 
 
 @pytest.mark.parametrize("ddl", ["user STRING, n BIGINT, score FLOAT", "user STRING, n BIGINT, tags ARRAY<STRING>"])
