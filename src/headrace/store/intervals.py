@@ -17,7 +17,7 @@ from ..engine.ports import Head, IntervalClaim
 from ..errors import StoreError
 from ..model import BEGINNING_OF_TIME, END_OF_TIME
 from ..names import interval, parse_producer
-from .bus import BusQueries
+from .bus import BusQueries, head_of
 from .rescale import Rescaling
 
 __all__ = ["IntervalQueries"]
@@ -154,19 +154,19 @@ class IntervalQueries(Rescaling, BusQueries):
                     f"JOIN interval_groups g ON g.computation = s.computation AND g.sequencer = s.sequencer "
                     f"WHERE s.computation = ? AND s.{condition}", (computation, param))}
 
-    def _quiet_outputs(self, wanted: Mapping[str, list[int]]) -> dict[tuple[str, int], int]:
+    def _quiet_outputs_query(self, wanted: Mapping[str, list[int]]) -> tuple[str, list[Any]] | None:
         """The output watermark a quiet report of its current sequencer gives each (computation,
-        shard) of ``wanted``, where there is one: one statement for every computation."""
+        shard) of ``wanted``, where there is one, as rows ``('q', computation, shard, output
+        watermark, NULL, NULL)``: one statement for every computation (None: nothing wanted)."""
         conditions, params = [], []
         for computation, shards in sorted(wanted.items()):
             condition, param = self._in_list("s.shard", sorted(set(shards)))
             conditions.append(f"(s.computation = ? AND {condition})")
             params += [computation, param]
         if not conditions:
-            return {}
-        return {(str(c), int(s)): int(o) for c, s, o in self._all(
-            "SELECT s.computation, s.shard, g.output_watermark FROM shards s JOIN interval_groups g "
-            f"ON g.computation = s.computation AND g.sequencer = s.sequencer WHERE {' OR '.join(conditions)}", params)}
+            return None
+        return ("SELECT 'q', s.computation, s.shard, g.output_watermark, NULL, NULL FROM shards s JOIN interval_groups g "
+                f"ON g.computation = s.computation AND g.sequencer = s.sequencer WHERE {' OR '.join(conditions)}", params)
 
     def report_quiet(self, reports: Sequence[QuietReport]) -> None:
         """For each report: every interval of its computation held under its sequencer that
@@ -189,19 +189,29 @@ class IntervalQueries(Rescaling, BusQueries):
         speaks for the same batch; an interval quiet since it began is at batch 0). Absent: nothing
         journaled or reported yet.
 
-        The reports are read before the journal: a producer that commits and reports again between
-        the two reads then shows a newer batch with an older watermark, which still holds (read the
-        other way round, an older batch would show a newer watermark, and its consumers would take
-        the records of the batches in between for late)."""
+        The reports and the journal are read in one statement, so from one snapshot: a producer
+        commits its batches and its reports in one transaction, and a head never pairs a batch with
+        a watermark reported after a later batch was journaled (its consumers would take the
+        records of the batches in between for late). One round trip a pass, not two."""
+        if not producers:
+            return {}
         by_computation: dict[str, list[int]] = {}
         for p in producers:
             parsed = parse_producer(p)
             if parsed.kind == "interval":
                 by_computation.setdefault(parsed.name, []).append(int(parsed.part))  # type: ignore[arg-type]
-        quiet = {interval(computation, shard): out
-                 for (computation, shard), out in self._quiet_outputs(by_computation).items()}
-        heads = self.journal_heads_of(producers)
-        for name, out in quiet.items():
+        sql, params = self._journal_heads_query(producers)
+        quiet = self._quiet_outputs_query(by_computation)
+        if quiet is not None:
+            sql, params = f"{sql} UNION ALL {quiet[0]}", params + quiet[1]
+        heads: dict[str, Head] = {}
+        reported: dict[str, int] = {}
+        for kind, name, batch, out, plan, since in self._all(sql, params):
+            if kind == "j":
+                heads[str(name)] = head_of(batch, out, plan, since)
+            else:
+                reported[interval(str(name), int(batch))] = int(out)
+        for name, out in reported.items():
             head = heads.get(name, Head(0, out))
             heads[name] = head._replace(output_watermark=max(out, head.output_watermark))
         return heads

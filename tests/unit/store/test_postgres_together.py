@@ -1,6 +1,7 @@
 """store/postgres.py: a commit's writes go out as data-modifying WITH clauses of two statements
-(``_together``), not a round trip each, and what they write is what the statements one by one
-wrote: checked on a real server, with the statements the connection sent counted."""
+(``_together``), not a round trip each, its ``BEGIN`` in one message with its first statement, and
+what they write is what the statements one by one wrote: checked on a real server, with the
+statements the connection sent counted."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def commit(sequencer: int, shard: int, **fields: Any) -> ShardCommit:
                        journal_as=f"{C}/{shard}", input_watermark=50, output_watermark=40, **fields)
 
 
-def test_a_pass_of_intervals_commits_in_two_statements_besides_its_check_and_the_transaction(store: Any) -> None:
+def test_a_pass_of_intervals_commits_in_two_statements_besides_its_check_and_its_commit(store: Any) -> None:
     sequencer = store.acquire_writer(C)
     commits = [commit(sequencer, shard,
                       state_writes=[(f"k{shard}", f"v{shard}".encode()), (f"gone{shard}", None)],
@@ -54,8 +55,9 @@ def test_a_pass_of_intervals_commits_in_two_statements_besides_its_check_and_the
     sent = counted(store)
     failures = store.commit_shards(commits, [QuietReport(C, sequencer, {"inject:events": 7}, 50, 40)])
     assert failures == [None, None]
-    assert [s.split()[0] for s in sent] == ["BEGIN", "SELECT", "WITH", "WITH", "COMMIT"], sent
-    assert ") UPDATE shards SET " in sent[2]  # the carrier: the statement's row count is the update's own
+    assert [s.split()[0] for s in sent] == ["BEGIN;", "WITH", "WITH", "COMMIT"], sent
+    assert sent[0].startswith("BEGIN; SELECT ") and sent[0].endswith(" FOR UPDATE")  # the check rides with the BEGIN
+    assert ") UPDATE shards SET " in sent[1]  # the carrier: the statement's row count is the update's own
 
     assert {k: store.state(C, k) for k in ("k0", "k2", "gone0")} == {"k0": b"v0", "k2": b"v2", "gone0": None}
     assert [t.tag for t in store.timers(C, "k2")] == ["t"]
@@ -90,3 +92,41 @@ def test_held_writes_past_a_byte_budget_go_in_more_statements_and_all_arrive(sto
     assert sum(s.startswith(("WITH", "INSERT", "DELETE", "UPDATE")) for s in sent) >= 3
     assert [store.state(C, f"k{i}") for i in range(10)] == [bytes([i]) * 500 for i in range(10)]
     assert len(store.exact_seen_ids(C, 1)) == 10 and store.shard_versions(C)[1] == 1
+
+
+def test_a_transactions_first_statement_carries_its_begin_with_its_parameters_quoted_exactly(store: Any) -> None:
+    name = "it's 100% \\ a ? $1 \u00e9"
+    store.put_meta(name, "found")
+    sent = counted(store)
+    with store._transaction(store.BEGIN_READ):
+        assert store._one("SELECT value FROM meta WHERE name = ?", (name,))[0] == "found"
+        assert store._one("SELECT value FROM meta WHERE name = ?", (name + "x",)) is None
+    assert [s.split()[0] for s in sent] == ["BEGIN", "SELECT", "COMMIT"], sent
+    assert sent[0].startswith(f"{store.BEGIN_READ}; SELECT value FROM meta WHERE name = ")
+
+
+def test_a_first_statement_that_cannot_carry_the_begin_goes_after_it_in_the_same_transaction(store: Any) -> None:
+    sent = counted(store)
+    with pytest.raises(RuntimeError, match="undo"):
+        with store._transaction():
+            store._x("INSERT INTO state VALUES (?, ?, ?)", (C, "k", b"bytes are sent as they are"))
+            raise RuntimeError("undo")
+    assert sent == ["BEGIN", "INSERT INTO state VALUES ($1, $2, $3)", "ROLLBACK"]
+    assert store.state(C, "k") is None  # it was inside the transaction, rolled back
+    many = counted(store)
+    with pytest.raises(RuntimeError, match="undo"):
+        with store._transaction():
+            store._xmany("INSERT INTO state VALUES (?, ?, ?) RETURNING key", [(C, "a", b"1"), (C, "b", b"2")])
+            raise RuntimeError("undo")
+    assert many[0] == "BEGIN" and many[-1] == "ROLLBACK", many
+    assert store.state(C, "a") is None and store.state(C, "b") is None
+
+
+def test_a_transaction_that_sent_nothing_sends_neither_begin_nor_its_end(store: Any) -> None:
+    sent = counted(store)
+    with store._transaction():
+        pass
+    with pytest.raises(RuntimeError, match="nothing"):
+        with store._transaction():
+            raise RuntimeError("nothing")
+    assert sent == [] and not store._in_transaction()
