@@ -79,14 +79,13 @@ class OutcomeWrites(BusQueries):
                                               [r for e in encoded if e is not None for r in e.routes]))
 
     def _write_versions(self, commits: Sequence[ShardCommit]) -> None:
-        """Each commit's positions, its interval's journal row, and its version and watermarks: the
-        versions' ``UPDATE`` last, so that on PostgreSQL it carries every write held before it."""
+        """Each commit's positions, version and watermarks, and its interval's journal row."""
         self._xmany("INSERT INTO positions VALUES (?, ?, ?, ?) ON CONFLICT(computation, shard, producer) "
                     "DO UPDATE SET batch = excluded.batch",
                     [(c.computation, c.shard, p, b) for c in commits for p, b in sorted((c.positions or {}).items())])
-        self._journal_intervals([c for c in commits if not c.productions_after_state])
         self._step("version")
         self._advance_versions(commits)
+        self._journal_intervals([c for c in commits if not c.productions_after_state])
 
     def _forget_ids(self, commits: Sequence[ShardCommit]) -> None:
         """Seen ids older than each commit's ``forget_ids_before``: one statement per table for
@@ -148,11 +147,11 @@ class OutcomeWrites(BusQueries):
     def _write_counters(self, commits: Sequence[ShardCommit]) -> None:
         """The commits' counters, summed per computation and name, in one statement, its rows
         sorted: writers that commit at once take the counter rows' locks in one order. A worker's
-        pass writes them in its last statement: a computation's counter rows are shared by every
-        worker, and a row written earlier stayed locked for the rest of the pass, so the other
-        workers' passes queued behind it (on PostgreSQL: 0.6-0.8 ms a pass on average, up to 35 ms,
-        at 2,000 records/s through three stages on two workers). On PostgreSQL ``_xmany`` sends
-        the rows as one statement, in their order."""
+        pass writes them last: a computation's counter rows are shared by every worker, and a row
+        written earlier stayed locked for the rest of the pass, so the other workers' passes queued
+        behind it (on PostgreSQL: 0.6-0.8 ms a pass on average, up to 35 ms, at 2,000 records/s
+        through three stages on two workers). On PostgreSQL ``_xmany`` sends the rows as one
+        statement, in their order."""
         self._step("counters")
         counters: dict[tuple[str, str], int] = {}
         for c in commits:

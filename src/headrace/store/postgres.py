@@ -227,7 +227,7 @@ class PostgresStore(SQLStore):
     def _together(self) -> Iterator[None]:
         """Hold the writes of ``_write`` and ``_xmany`` and send them as data-modifying WITH clauses of one statement: of
         the next ``_x`` write, whose result (its row count) is then its own, or at the block's end.
-        A commit's writes go out as one round trip instead of some twelve. Each clause sees the
+        A commit's writes go out as two round trips instead of some twelve. Each clause sees the
         transaction as it was before the statement, not the other clauses' rows, so the writes of
         one block must touch no row twice, and the one ``_x`` write in a commit's block, the
         versions' ``UPDATE`` (``_advance_versions``), reads no row they write."""

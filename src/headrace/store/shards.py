@@ -169,7 +169,7 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
         with self._transaction():
             step("check_sequencer")
             self._raise_refusal(c)
-            with self._together():  # on PostgreSQL one statement: the writes ride on the version's update
+            with self._together():  # on PostgreSQL two round trips: the writes ride on the version's update
                 self._write_outcomes([c], [encoded])
                 self._write_counters([c])
                 self._write_versions([c])
@@ -216,13 +216,13 @@ class ShardQueries(OutcomeWrites, IntervalQueries):
             failures = self._refusals(commits)
             made = [c for c, failure in zip(commits, failures) if failure is None]
             later = any(c.productions_after_state for c in made)
-            with self._together():  # on PostgreSQL one statement: every write rides on the versions' update, last
+            with self._together():  # on PostgreSQL two round trips: the writes up to the versions' update, the rest
                 self._write_outcomes(made, [e for e, failure in zip(encoded, failures) if failure is None])
+                self._write_versions(made)
                 # a report raises the watermark of every interval held under its sequencer: with
                 # output still to go out after the state, it waits for that output
                 self.report_quiet(() if later else quiet)
                 self._write_counters(made)
-                self._write_versions(made)
             self._step("before_commit")
         self._step("after_commit")
         self._write_output_after_state(made, quiet if later else ())
