@@ -14,7 +14,7 @@ from ..schema import StreamSchema
 from .connection import Connection
 from .segments import DEFAULT_SEGMENT_LIMIT, PIECE_SLOT, pieces, routed_table, segment_columns, segment_table
 
-__all__ = ["BusQueries", "BATCH_COLUMNS", "EncodedSegments"]
+__all__ = ["BusQueries", "BATCH_COLUMNS", "EncodedSegments", "head_of"]
 
 BATCH_COLUMNS = "producer, batch, input_watermark, output_watermark, completed_at"
 

@@ -71,7 +71,7 @@ _COLUMN_TEST = re.compile(r"(\w+) (=|<|<=|>|>=) \?")
 MAX_PARAMETERS = 30_000  # a statement's parameters (the protocol allows 65,535)
 _WRITE = re.compile(r"^(INSERT|UPDATE|DELETE)\b")
 MAX_HELD_BYTES = 64 << 20  # held writes' values in one statement (the server refuses a message past 1 GB)
-_INLINED_KINDS = (type(None), bool, int, float, str)
+_INLINED_KINDS = (type(None), bool, int, str)  # not float: a quoted 1.5 is numeric, a bound one double precision
 MAX_INLINED_CHARS = 8_192  # a transaction's first statement's text parameters, quoted into its text
 
 
@@ -171,7 +171,7 @@ class PostgresStore(SQLStore):
 
     def _create_schema(self) -> None:
         # only when a table or the version is missing: CREATE INDEX IF NOT EXISTS would queue behind every open commit
-        self._send_begin()
+        self._send_begin()  # the schema lock's statement has sent it already; a guard, should the order change
         for statement in [*schema_statements("postgresql"), *WAKE_UPS]:
             self._db.execute(statement)
 
@@ -191,7 +191,8 @@ class PostgresStore(SQLStore):
         """``sql`` after the held ``BEGIN``, in one message (the simple query protocol, its
         parameters quoted into its text), where its parameters are few and plain; else None and
         nothing sent. The server arms ``idle_in_transaction_session_timeout`` once it has answered
-        both, as after any statement."""
+        both, as after any statement; it plans the statement afresh (not prepared), as it does a
+        commit's held writes."""
         size = 0
         for param in params:
             for item in param if isinstance(param, list) else (param,):

@@ -2,7 +2,8 @@
 watermark raised by its owner's quiet report. The head must keep the watermark's promise (no
 record after the head's batch is older than the head's watermark), or its consumers take records
 for late. Read in two statements, a producer could commit and report again between them; the two
-are read in one statement, from one snapshot."""
+are read in one statement, from one snapshot: the test counts the statements (PostgreSQL's count:
+tests/unit/store/test_postgres_together.py) and moves the producer right after each."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ def test_a_head_read_while_its_producer_commits_and_reports_keeps_the_watermark_
             pass
         return out
     consumer._all = then_race  # type: ignore[method-assign]
-    heads = consumer.producer_heads(producers)
-    consumer._all = real_all  # type: ignore[method-assign]
+    try:
+        heads = consumer.producer_heads(producers)
+    finally:
+        consumer._all = real_all  # type: ignore[method-assign]
     assert len(raced) == 1, f"the heads were read in {len(raced)} statements, not one: {raced}"
     for producer in producers:
         head = heads[producer]

@@ -113,13 +113,12 @@ def test_a_first_statement_that_cannot_carry_the_begin_goes_after_it_in_the_same
             raise RuntimeError("undo")
     assert sent == ["BEGIN", "INSERT INTO state VALUES ($1, $2, $3)", "ROLLBACK"]
     assert store.state(C, "k") is None  # it was inside the transaction, rolled back
-    many = counted(store)
+    store._xmany("INSERT INTO state VALUES (?, ?, ?)", [(C, "a", b"1"), (C, "b", b"2")])
     with pytest.raises(RuntimeError, match="undo"):
-        with store._transaction():
-            store._xmany("INSERT INTO state VALUES (?, ?, ?) RETURNING key", [(C, "a", b"1"), (C, "b", b"2")])
+        with store._transaction():  # an UPDATE of many rows has no one-statement form: executemany, which carries no BEGIN
+            store._xmany("UPDATE state SET value = ? WHERE computation = ? AND key = ?", [(b"3", C, "a"), (b"4", C, "b")])
             raise RuntimeError("undo")
-    assert many[0] == "BEGIN" and many[-1] == "ROLLBACK", many
-    assert store.state(C, "a") is None and store.state(C, "b") is None
+    assert store.state(C, "a") == b"1" and store.state(C, "b") == b"2"  # inside the transaction, rolled back
 
 
 def test_a_transaction_that_sent_nothing_sends_neither_begin_nor_its_end(store: Any) -> None:
@@ -130,3 +129,14 @@ def test_a_transaction_that_sent_nothing_sends_neither_begin_nor_its_end(store: 
         with store._transaction():
             raise RuntimeError("nothing")
     assert sent == [] and not store._in_transaction()
+
+
+def test_a_consumers_heads_are_one_statement(store: Any) -> None:
+    """The quiet reports and the journal's last batches, from one snapshot (tests/unit/engine/test_quiet_heads.py)."""
+    sequencer = store.acquire_writer(C)
+    store.commit_shards([commit(sequencer, 0)], [QuietReport(C, sequencer, {"inject:events": 7}, 90, 80)])
+    sent = counted(store)
+    heads = store.producer_heads([f"{C}/0", f"{C}/1", "inject:events"])
+    assert len(sent) == 1 and " UNION ALL " in sent[0], sent
+    # interval 1, under the same sequencer, is quiet since it began: batch 0, at the report's watermark
+    assert {p: (h.batch, h.output_watermark) for p, h in heads.items()} == {f"{C}/0": (1, 80), f"{C}/1": (0, 80)}
