@@ -193,13 +193,10 @@ class PostgresStore(SQLStore):
         nothing sent. The server arms ``idle_in_transaction_session_timeout`` once it has answered
         both, as after any statement; it plans the statement afresh (not prepared), as it does a
         commit's held writes."""
-        size = 0
-        for param in params:
-            for item in param if isinstance(param, list) else (param,):
-                if type(item) not in _INLINED_KINDS:
-                    return None
-                size += len(item) if type(item) is str else 8
-        if self._held or size > MAX_INLINED_CHARS:
+        if self._held:
+            return None
+        items = [item for param in params for item in (param if isinstance(param, list) else (param,))]
+        if any(type(item) not in _INLINED_KINDS for item in items) or sum(map(_size, items)) > MAX_INLINED_CHARS:
             return None
         text = self._quoter.mogrify(sql.replace("%", "%%").replace("?", "%s"), params)
         begin, self._begun = self._begun, None
