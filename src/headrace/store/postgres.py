@@ -132,6 +132,7 @@ class PostgresStore(SQLStore):
         self._idle = pq.TransactionStatus.IDLE
         self._sql: dict[str, str] = {}
         self._held: list[tuple[str, Sequence[Any]]] | None = None  # writes held by _together
+        self._held_params = self._held_bytes = 0  # their parameters' count and size, kept as they are held
         self._begun: str | None = None  # a BEGIN held by _begin, to go with the next statement
         try:
             # ``name``: who this connection is, as pg_stat_activity and the server's log show it
@@ -215,7 +216,7 @@ class PostgresStore(SQLStore):
             self._send_begin()
         if self._held:  # a write carries the held ones as WITH clauses of its own statement; a read goes after them
             if _WRITE.match(sql) and self._fits(params):
-                held, self._held = self._held, []
+                held = self._take_held()
                 return self._db.execute(self._translate(_with(held, sql), cache=False),
                                         [x for _, p in held for x in p] + list(params))
             self._send_held()
@@ -237,14 +238,14 @@ class PostgresStore(SQLStore):
             yield
             self._send_held()
         finally:
+            self._take_held()
             self._held = None
 
     def _fits(self, params: Sequence[Any]) -> bool:
         """Whether ``params`` fit in one statement with the held writes' (parameters, and bytes: the
         server refuses a message past 1 GB, and a pass's segments may be large)."""
-        held = [p for _, ps in self._held or () for p in ps]
-        return (len(held) + len(params) <= MAX_PARAMETERS
-                and sum(map(_size, held)) + sum(map(_size, params)) <= MAX_HELD_BYTES)
+        return (self._held_params + len(params) <= MAX_PARAMETERS
+                and self._held_bytes + sum(map(_size, params)) <= MAX_HELD_BYTES)
 
     def _write(self, sql: str, params: Sequence[Any]) -> None:
         """A write whose result nobody reads: held in a ``_together`` block, else sent now."""
@@ -254,12 +255,19 @@ class PostgresStore(SQLStore):
         if not self._fits(params):
             self._send_held()
         self._held.append((sql, params))
+        self._held_params += len(params)
+        self._held_bytes += sum(map(_size, params))
+
+    def _take_held(self) -> list[tuple[str, Sequence[Any]]]:
+        """The held writes, handed over; none held after."""
+        held, self._held = self._held or [], []
+        self._held_params = self._held_bytes = 0
+        return held
 
     def _send_held(self) -> None:
-        held = self._held or []
-        if not held:
+        if not self._held:
             return
-        self._held = []
+        held = self._take_held()
         self._send_begin()
         *carried, (last, _) = held
         self._db.execute(self._translate(_with(carried, last), cache=False), [x for _, p in held for x in p])
