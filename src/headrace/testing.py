@@ -23,7 +23,7 @@ import atexit
 import itertools
 import shutil
 import tempfile
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 import pyarrow as pa
 
@@ -95,17 +95,38 @@ class Harness:
                 stream: str = HARNESS_STREAM) -> list[Record]:
         """Deliver one record of input ``stream`` to the computation under ``key``; returns what
         this step produced."""
-        if type(key) is not str:
-            raise InvalidKeyError("Harness.process needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
-                                  hint="pass the key as a string, e.g. str(user_id)")
-        ts = to_millis(timestamp)
-        rid = id if id is not None else f"harness-{self.name}-{next(self._ids)}"
-        record = InputRecord(check_name("stream", stream), key, value, ts, rid)
-        self._streams.add(record.stream)
-        poison = poison_input(self.name, self.options.on_error, record)  # as no store could hold it
-        if poison is not None:
-            return self._run([], self._watermark, [poison])
-        return self._run([record], self._watermark)
+        return self.process_batch([(key, value, timestamp, id)], stream)
+
+    def process_batch(self, records: Iterable[tuple[str, Any, Timestamp] | tuple[str, Any, Timestamp, str | None]],
+                      stream: str = HARNESS_STREAM) -> list[Record]:
+        """Deliver ``(key, value, timestamp[, id])`` records of input ``stream`` as one batch, one
+        commit, as a runner delivers what it read in one pass; returns what the batch produced.
+
+        >>> from headrace import Computation
+        >>> class Total(Computation):
+        ...     def process_record(self, ctx, record):
+        ...         ctx.state = (ctx.state or 0) + record.value
+        >>> h = Harness(Total)
+        >>> _ = h.process_batch([("a", 1, 10), ("b", 5, 11), ("a", 2, 12)])
+        >>> h.state("a"), h.state("b"), h.counters["records"]
+        (3, 5, 3)
+        """
+        name = check_name("stream", stream)
+        taken: list[InputRecord] = []
+        rejected: list[InputRecord] = []
+        for key, value, timestamp, *given in records:
+            if type(key) is not str:
+                raise InvalidKeyError("Harness.process needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
+                                      hint="pass the key as a string, e.g. str(user_id)")
+            rid = given[0] if given and given[0] is not None else f"harness-{self.name}-{next(self._ids)}"
+            record = InputRecord(name, key, value, to_millis(timestamp), rid)
+            poison = poison_input(self.name, self.options.on_error, record)  # as no store could hold it
+            if poison is None:
+                taken.append(record)
+            else:
+                rejected.append(poison)
+        self._streams.add(name)
+        return self._run(taken, self._watermark, rejected)
 
     def inject(self, stream: str, values: Sequence[Any], *, key: Any, timestamp: Any,
                watermark: Timestamp | None = None) -> list[Record]:
