@@ -3,7 +3,8 @@
 file sink, an uncommitted part file proves the write was cut), then restarted on the same store.
 What the sink holds at the end, read with ``spark.read`` or SQL, is every record exactly once.
 
-CI runs two kills per sink (the Parquet sink in continuous mode, the JDBC sink in micro-batch mode); ``scripts/test --long tests/chaos`` runs five or more.
+CI runs two kills of the JDBC sink in micro-batch mode (the Parquet sink, Spark's own file sink, is
+killed only under ``scripts/test --long tests/chaos``, which runs five kills or more of each).
 """
 
 from __future__ import annotations
