@@ -5,6 +5,8 @@ statements the connection sent counted."""
 
 from __future__ import annotations
 
+import hashlib
+from contextlib import nullcontext
 from typing import Any, Iterator
 
 import pytest
@@ -55,9 +57,11 @@ def test_a_pass_of_intervals_commits_in_two_statements_besides_its_check_and_its
     sent = counted(store)
     failures = store.commit_shards(commits, [QuietReport(C, sequencer, {"inject:events": 7}, 50, 40)])
     assert failures == [None, None]
-    assert [s.split()[0] for s in sent] == ["BEGIN;", "WITH", "WITH", "COMMIT"], sent
-    assert sent[0].startswith("BEGIN; SELECT ") and sent[0].endswith(" FOR UPDATE")  # the check rides with the BEGIN
-    assert ") UPDATE shards SET " in sent[1]  # the carrier: the statement's row count is the update's own
+    # the session prepares the check on its first use, then runs it by name with the BEGIN
+    assert [s.split()[0] for s in sent] == ["PREPARE", "BEGIN;", "WITH", "WITH", "COMMIT"], sent
+    assert sent[0].startswith("PREPARE headrace_") and sent[0].endswith(" FOR UPDATE")
+    assert sent[1].startswith("BEGIN; EXECUTE headrace_")  # the check rides with the BEGIN
+    assert ") UPDATE shards SET " in sent[2]  # the carrier: the statement's row count is the update's own
 
     assert {k: store.state(C, k) for k in ("k0", "k2", "gone0")} == {"k0": b"v0", "k2": b"v2", "gone0": None}
     assert [t.tag for t in store.timers(C, "k2")] == ["t"]
@@ -101,8 +105,70 @@ def test_a_transactions_first_statement_carries_its_begin_with_its_parameters_qu
     with store._transaction(store.BEGIN_READ):
         assert store._one("SELECT value FROM meta WHERE name = ?", (name,))[0] == "found"
         assert store._one("SELECT value FROM meta WHERE name = ?", (name + "x",)) is None
-    assert [s.split()[0] for s in sent] == ["BEGIN", "SELECT", "COMMIT"], sent
-    assert sent[0].startswith(f"{store.BEGIN_READ}; SELECT value FROM meta WHERE name = ")
+    assert [s.split()[0] for s in sent] == ["PREPARE", "BEGIN", "SELECT", "COMMIT"], sent
+    assert sent[1].startswith(f"{store.BEGIN_READ}; EXECUTE headrace_")
+
+
+def test_a_first_statement_is_prepared_once_and_found_again_after_a_rollback_that_left_it(store: Any) -> None:
+    sql = "SELECT value FROM meta WHERE name = ?"
+    store.put_meta("a", "1")
+    sent = counted(store)
+    with pytest.raises(RuntimeError, match="undo"):
+        with store._transaction():
+            assert store._one(sql, ("a",))[0] == "1"
+            raise RuntimeError("undo")
+    for _ in range(2):
+        with store._transaction():
+            assert store._one(sql, ("a",))[0] == "1"
+    # psycopg had prepared none of its own, so its ROLLBACK deallocated nothing: the second PREPARE finds it
+    assert [s.split()[0] for s in sent] == ["PREPARE", "BEGIN;", "ROLLBACK", "PREPARE"] + ["BEGIN;", "COMMIT"] * 2, sent
+    prepared = store._db.execute("SELECT name, statement FROM pg_prepared_statements").fetchall()
+    assert [(n, q) for n, q in prepared if q.endswith("FROM meta WHERE name = $1")] == \
+        [(store._first[sql], f"PREPARE {store._first[sql]} AS SELECT value FROM meta WHERE name = $1")]
+
+
+def test_a_first_statement_is_prepared_again_after_psycopg_deallocates_every_statement_on_a_rollback(store: Any) -> None:
+    sql = "SELECT value FROM meta WHERE name = ?"
+    store.put_meta("a", "1")
+    for _ in range(6):  # psycopg prepares a statement of its own on its fifth run: then a ROLLBACK deallocates all
+        store._one("SELECT count(*) FROM meta WHERE name = ?", ("a",))
+    sent = counted(store)
+    for fails in (False, True, False):
+        with pytest.raises(RuntimeError, match="undo") if fails else nullcontext():
+            with store._transaction():
+                assert store._one(sql, ("a",))[0] == "1"
+                if fails:
+                    raise RuntimeError("undo")
+        if fails:  # psycopg deallocated every prepared statement, ours too
+            name = "headrace_" + hashlib.md5(sql.encode()).hexdigest()[:24]
+            assert store._db.execute("SELECT name FROM pg_prepared_statements WHERE name = $1", (name,)).fetchall() == []
+    assert [s.split()[0] for s in sent] == ["PREPARE", "BEGIN;", "COMMIT", "BEGIN;", "ROLLBACK", "SELECT",
+                                            "PREPARE", "BEGIN;", "COMMIT"], sent
+    assert all(s.startswith("BEGIN; EXECUTE headrace_") for s in sent if s.startswith("BEGIN;"))
+
+
+def test_a_first_statement_deallocated_behind_the_stores_back_runs_as_text_in_a_new_transaction(store: Any) -> None:
+    sql = "SELECT value FROM meta WHERE name = ?"
+    store.put_meta("a", "1")
+    with store._transaction():
+        store._one(sql, ("a",))
+    store._db.execute(f"DEALLOCATE {store._first[sql]}")
+    sent = counted(store)
+    with store._transaction():
+        assert store._one(sql, ("a",))[0] == "1"
+        store._x("UPDATE meta SET value = ? WHERE name = ?", ("2", "a"))
+    assert [s.split()[0] for s in sent] == ["BEGIN;", "ROLLBACK", "BEGIN;", "UPDATE", "COMMIT"], sent
+    assert sent[2] == "BEGIN; SELECT value FROM meta WHERE name = 'a'" and store.get_meta("a") == "2"
+
+
+def test_a_first_statement_the_server_cannot_prepare_goes_as_text_with_its_begin(store: Any) -> None:
+    sent = counted(store)
+    for _ in range(2):
+        with store._transaction():
+            assert store._one("SELECT ? IS NULL", ("it's",))[0] is False  # $1 of no type: no PREPARE takes it
+    assert sent[0].startswith("PREPARE headrace_") and sent[0].endswith(" AS SELECT $1 IS NULL"), sent
+    assert sent[1:] == ["BEGIN; SELECT 'it''s' IS NULL", "COMMIT"] * 2, sent  # tried once, then as text
+    assert store._first["SELECT ? IS NULL"] is None
 
 
 def test_a_first_statement_that_cannot_carry_the_begin_goes_after_it_in_the_same_transaction(store: Any) -> None:
