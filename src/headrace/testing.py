@@ -99,8 +99,9 @@ class Harness:
 
     def process_batch(self, records: Iterable[tuple[str, Any, Timestamp] | tuple[str, Any, Timestamp, str | None]],
                       stream: str = HARNESS_STREAM) -> list[Record]:
-        """Deliver ``(key, value, timestamp[, id])`` records of input ``stream`` as one batch, one
-        commit, as a runner delivers what it read in one pass; returns what the batch produced.
+        """Deliver ``(key, value, timestamp[, id])`` records of input ``stream`` as one batch (a
+        commit per shard), as a runner delivers what it read in one pass; returns what the batch
+        produced.
 
         >>> from headrace import Computation
         >>> class Total(Computation):
@@ -114,7 +115,11 @@ class Harness:
         name = check_name("stream", stream)
         taken: list[InputRecord] = []
         rejected: list[InputRecord] = []
-        for key, value, timestamp, *given in records:
+        for fields in records:
+            if not 3 <= len(fields) <= 4:
+                raise OptionError("A harness record is (key, value, timestamp) or (key, value, timestamp, id)",
+                                  got_text=repr(fields), hint="give each record three or four fields")
+            key, value, timestamp, *given = fields
             if type(key) is not str:
                 raise InvalidKeyError("Harness.process needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
                                       hint="pass the key as a string, e.g. str(user_id)")

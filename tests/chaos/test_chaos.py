@@ -305,7 +305,7 @@ def test_chaos_short(tmp_path: Path, store_url: str, mode: str) -> None:
     if "sqlite" in store_url and mode == "continuous":
         long_only(f"{mode} chaos on SQLite", covered_by="this chaos in continuous mode on PostgreSQL (the same kills: "
                   "the driver, a worker, a store client inside a commit) and in micro-batch mode on SQLite, and the "
-                  "Kafka chaos, continuous on SQLite")
+                  "Kafka chaos's worker kills, continuous on SQLite")
     # one kill of each kind; 6,000 events keep the pipeline running past the third kill (4,000 could
     # drain after the fourth); the long run below makes 24
     monkey = chaos(tmp_path, store_url, kills=3, n=6_000, mode=mode)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from headrace import Computation
-from headrace.errors import BadInputError, InvalidKeyError
+from headrace.errors import BadInputError, InvalidKeyError, OptionError
 from headrace.model import END_OF_TIME
 from headrace.testing import Harness
 
@@ -40,6 +40,8 @@ def test_a_batch_ends_where_the_same_records_one_by_one_end() -> None:
     assert sorted(map(repr, (r.value for r in batched.productions("totals")))) == \
         sorted(map(repr, (r.value for r in one_by_one.productions("totals"))))
     assert batched.counters["records"] == one_by_one.counters["records"] == len(RECORDS)
+    # a batch per call: five input batches and the watermark's, against one a record and the watermark's
+    assert [len(h.store.batches(h.name)) for h in (batched, one_by_one)] == [6, len(RECORDS) + 1]
 
 
 def test_a_poison_record_in_a_batch_is_dead_lettered_and_the_rest_of_the_batch_commits() -> None:
@@ -56,6 +58,24 @@ def test_under_on_error_fail_a_poison_record_stops_its_batch_before_anything_run
                                             r"under key 'b\\udc80' \(got its key 'b\\udc80' holds a lone surrogate"):
         h.process_batch([("a", 1, 10), ("b\udc80", 2, 11, "bad-1")])
     assert h.state("a") is None and h.counters.get("records", 0) == 0
+
+
+def test_a_record_of_the_wrong_shape_is_refused_naming_it() -> None:
+    h = Harness(Running)
+    with pytest.raises(OptionError, match=r"^A harness record is \(key, value, timestamp\) or \(key, value, timestamp, "
+                                          r"id\) \(got \('a', 1\)\)"):
+        h.process_batch([("a", 1, 10), ("a", 1)])  # type: ignore[list-item]
+    assert h.state("a") is None
+
+
+def test_the_harness_docstring_examples_run() -> None:
+    """pytest collects doctests from Markdown only (pyproject.toml): the module's are run here."""
+    import doctest
+
+    import headrace.testing
+
+    result = doctest.testmod(headrace.testing)
+    assert result.failed == 0 and result.attempted >= 10, result
 
 
 def test_a_key_that_is_not_a_string_is_refused_naming_it() -> None:

@@ -240,24 +240,24 @@ class PostgresStore(SQLStore):
             self._db.execute(f"PREPARE {name} AS {self._translate(sql)}", prepare=False)
         except psycopg.errors.DuplicatePreparedStatement:
             pass  # it outlived the last rollback: psycopg deallocates only once it has prepared some of its own
-        except psycopg.ProgrammingError:  # SQLSTATE class 42: not a statement PREPARE takes, or a parameter of no type
+        except (psycopg.ProgrammingError, psycopg.NotSupportedError):  # not a statement PREPARE takes, a parameter of no type
             name = None
         self._first[sql] = name
         return name
 
     def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        if _FLUSHES_PREPARED.match(sql):
+        if self._begun is not None and sql in ("COMMIT", "ROLLBACK"):  # the transaction sent nothing: nothing to end
+            self._begun = None
+            return None
+        if _FLUSHES_PREPARED.match(sql):  # (a COMMIT of a failed transaction is one too: _with_begin's fallback covers it)
             self._first.clear()
         if self._begun is not None:
-            if sql in ("COMMIT", "ROLLBACK"):  # the transaction sent nothing: nothing to end
-                self._begun = None
-                return None
             cur = self._with_begin(sql, params)
             if cur is not None:
                 return cur
             self._send_begin()
         if self._held:  # a write carries the held ones as WITH clauses of its own statement; a read goes after them
-            if _WRITE.match(sql) and self._fits(params):
+            if _WRITE.match(sql) and self._fits(params, sum(map(_size, params))):
                 held = self._take_held()
                 return self._db.execute(self._translate(_with(held, sql), cache=False),
                                         [x for _, p in held for x in p] + list(params))
@@ -283,22 +283,22 @@ class PostgresStore(SQLStore):
             self._take_held()
             self._held = None
 
-    def _fits(self, params: Sequence[Any]) -> bool:
-        """Whether ``params`` fit in one statement with the held writes' (parameters, and bytes: the
-        server refuses a message past 1 GB, and a pass's segments may be large)."""
-        return (self._held_params + len(params) <= MAX_PARAMETERS
-                and self._held_bytes + sum(map(_size, params)) <= MAX_HELD_BYTES)
+    def _fits(self, params: Sequence[Any], size: int) -> bool:
+        """Whether ``params`` (of ``size`` bytes) fit in one statement with the held writes' (parameters,
+        and bytes: the server refuses a message past 1 GB, and a pass's segments may be large)."""
+        return self._held_params + len(params) <= MAX_PARAMETERS and self._held_bytes + size <= MAX_HELD_BYTES
 
     def _write(self, sql: str, params: Sequence[Any]) -> None:
         """A write whose result nobody reads: held in a ``_together`` block, else sent now."""
         if self._held is None:
             self._x(sql, params)
             return
-        if not self._fits(params):
+        size = sum(map(_size, params))
+        if not self._fits(params, size):
             self._send_held()
         self._held.append((sql, params))
         self._held_params += len(params)
-        self._held_bytes += sum(map(_size, params))
+        self._held_bytes += size
 
     def _take_held(self) -> list[tuple[str, Sequence[Any]]]:
         """The held writes, handed over; none held after."""

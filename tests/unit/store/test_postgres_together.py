@@ -121,6 +121,7 @@ def test_a_first_statement_is_prepared_once_and_found_again_after_a_rollback_tha
         with store._transaction():
             assert store._one(sql, ("a",))[0] == "1"
     # psycopg had prepared none of its own, so its ROLLBACK deallocated nothing: the second PREPARE finds it
+    assert not store._db._prepared._names
     assert [s.split()[0] for s in sent] == ["PREPARE", "BEGIN;", "ROLLBACK", "PREPARE"] + ["BEGIN;", "COMMIT"] * 2, sent
     prepared = store._db.execute("SELECT name, statement FROM pg_prepared_statements").fetchall()
     assert [(n, q) for n, q in prepared if q.endswith("FROM meta WHERE name = $1")] == \

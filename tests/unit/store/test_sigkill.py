@@ -90,7 +90,9 @@ def finish(proc: subprocess.Popen, url: str, stalled_s: float = 60) -> tuple[str
             now = journal_head(url)
             if now > head:
                 head, moved = now, time.monotonic()
-            assert time.monotonic() - moved < stalled_s, f"the child journaled nothing past batch {head} in {stalled_s} s"
+            if time.monotonic() - moved >= stalled_s:
+                proc.kill()
+                raise AssertionError(f"the child journaled nothing past batch {head} in {stalled_s} s")
 
 
 def check_store(url: str) -> tuple[dict[int, int], int]:
