@@ -75,7 +75,7 @@ _INLINED_KINDS = (type(None), bool, int, str)  # not float: a quoted 1.5 is nume
 MAX_INLINED_CHARS = 8_192  # a transaction's first statement's text parameters, quoted into its text
 MAX_FIRST_PREPARED = 64  # first statements a session prepares by name (``_first_prepared``)
 # after these psycopg deallocates every prepared statement of the session, ours too, if it had any of its own
-_FLUSHES_PREPARED = re.compile(r"^(?:DROP|ALTER|ROLLBACK|DISCARD ALL|DEALLOCATE ALL)\b")
+_FLUSHES_PREPARED = ("DROP ", "ALTER ", "ROLLBACK", "DISCARD ALL", "DEALLOCATE ALL")
 
 
 def _statement_of_many(sql: str, width: int) -> Callable[[int], str] | None:
@@ -249,7 +249,7 @@ class PostgresStore(SQLStore):
         if self._begun is not None and sql in ("COMMIT", "ROLLBACK"):  # the transaction sent nothing: nothing to end
             self._begun = None
             return None
-        if _FLUSHES_PREPARED.match(sql):  # (a COMMIT of a failed transaction is one too: _with_begin's fallback covers it)
+        if sql.startswith(_FLUSHES_PREPARED):  # (a COMMIT of a failed transaction is one too: _with_begin's fallback covers it)
             self._first.clear()
         if self._begun is not None:
             cur = self._with_begin(sql, params)
