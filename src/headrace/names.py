@@ -83,9 +83,10 @@ def lake_stamp(sink: str) -> str:
     return f"headrace.{sink}.batches"
 
 
-def kafka_sink_id(topology: str, sink: str) -> str:
-    """A Kafka sink's ``transactional.id``, which is also the consumer group its ledger is committed under."""
-    return f"headrace:{topology}:{sink}"
+def kafka_sink_id(topology: str, sink: str, lane: int = 0) -> str:
+    """The ``transactional.id`` of a Kafka sink's producer ``lane`` (its producers take turns), which is
+    also the consumer group that lane's ledger commits under; lane 0's is the sink's own name."""
+    return f"headrace:{topology}:{sink}" + (f"#{lane}" if lane else "")
 
 
 def dead_letter_stream(owner: str) -> str:

@@ -73,15 +73,45 @@ def test_a_writer_killed_inside_its_commit_leaves_nothing_or_everything(kafka_br
     w.close()
 
 
-def test_a_zombie_writer_paused_past_its_lease_cannot_commit(kafka_broker: Any, tmp_path: Path) -> None:
+def test_its_two_producers_take_turns_and_the_latest_ledger_is_its_position(kafka_broker: Any,
+                                                                           tmp_path: Path) -> None:
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=3)
+    w, ids = writer(store_url, topic, kafka_broker).open(), []
+    for b in range(1, 6):  # a transaction a batch: lane 0 writes batches 1, 3 and 5, lane 1 batches 2 and 4
+        ids += publish(store_url, STREAM, range(b, b + 1), per_batch=12)
+        assert w.write_once(refresh=True) == 12
+    assert [lane.txn_id for lane in w.lanes] == [f"headrace:{TOPOLOGY}:out", f"headrace:{TOPOLOGY}:out#1"]
+    assert [lane.ledger(topic) for lane in w.lanes] == [({"inject:things": 5}, 5), ({"inject:things": 4}, 4)]
+    messages = read_topic(kafka_broker.bootstrap_servers, topic)
+    assert exactly_once(messages, ids) is None
+    for partition in range(3):  # the lanes' transactions commit one after the other: batch order holds
+        batches = [int(m.headers["headrace.id"].split(b":")[2]) for m in messages if m.partition == partition]
+        assert batches == sorted(batches) and batches
+    w.close()
+    successor = writer(store_url, topic, kafka_broker).open()
+    assert successor.positions == {"inject:things": 5} and successor.sequence == 5
+    ids += publish(store_url, STREAM, range(6, 7), per_batch=12)
+    drain(successor)
+    assert [lane.ledger(topic)[1] for lane in successor.lanes] == [5, 6]
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    successor.close()
+
+
+@pytest.mark.parametrize("lane", [0, 1])
+def test_a_zombie_writer_paused_past_its_lease_cannot_commit(kafka_broker: Any, tmp_path: Path, lane: int) -> None:
     store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
-    ids = publish(store_url, STREAM, range(1, 4), per_batch=10)
+    ids = publish(store_url, STREAM, range(1, 2), per_batch=10)
+    if lane:  # a writer that committed one transaction, on lane 0: the zombie's is on lane 1
+        before = writer(store_url, topic, kafka_broker).open()
+        before.write_once(refresh=True)
+        before.close()
+    ids += publish(store_url, STREAM, range(2, 4), per_batch=10)
     marks = tmp_path / "marks"
     marks.mkdir()
     zombie = start_writer(store_url, topic, kafka_broker, lease_ms=1_000,
                           failpoint=f"sink_commit=sleep:2000:{marks}")
     wait_for(lambda: any(marks.iterdir()), "the first writer inside its commit")
-    zombie.send_signal(signal.SIGSTOP)  # its transaction holds batches 1-3, not yet committed
+    zombie.send_signal(signal.SIGSTOP)  # its transaction holds what it had not written, uncommitted
     try:
         store = open_store(store_url)
         lease = json.loads(store.get_meta(meta.sink_lease(TOPOLOGY, "out")) or "{}")
@@ -96,7 +126,7 @@ def test_a_zombie_writer_paused_past_its_lease_cannot_commit(kafka_broker: Any, 
     _, err = zombie.communicate(timeout=60)
     assert zombie.returncode == 3, err
     assert f"Kafka fenced the writer of sink 'out': a newer writer took its transactional.id " \
-           f"'headrace:{TOPOLOGY}:out'" in err
+           f"'headrace:{TOPOLOGY}:out{'#1' if lane else ''}'" in err
     assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
     assert successor.ledger()[0] == {"inject:things": 5}
     successor.close()

@@ -10,6 +10,12 @@ of the same name through ``send_offsets_to_transaction``. Records and ledger com
 together, so a writer that crashes anywhere, even after Kafka committed and before anything else
 was recorded, resumes from exactly what Kafka holds: no batch is written twice or skipped.
 
+Two such producers (*lanes*) take turns, one transaction each: Kafka's coordinator refuses a
+transactional id's next transaction until the markers of its last are written, and the other
+lane's last transaction is a cycle older. Transactions still commit one after the other, so the
+output is in batch order and the committed ledgers form a sequence: the one with the highest offset
+(the count of transactions) is the sink's position.
+
 Fencing: a writer holds a lease in the store (``meta.sink_lease``) and takes it only once the
 previous holder's has run out; then ``init_transactions`` bumps the producer epoch of the id, which
 aborts the old writer's open transaction and makes Kafka refuse anything it sends after. So a zombie
@@ -41,6 +47,7 @@ __all__ = ["KafkaSinkWriter", "KafkaSink", "SINK_COMMIT"]
 SINK_COMMIT = "sink_commit"  # the failpoint step just before a Kafka sink commits its transaction
 MAX_BATCHES = 50  # per producer and transaction, so a writer far behind commits in steps
 TIMEOUT_S = 30.0
+LANES = 2  # transactional producers taking turns
 METADATA_LIMIT = 4096  # the broker's offset.metadata.max.bytes, by default
 
 
@@ -58,14 +65,12 @@ class KafkaSinkWriter:
     def __init__(self, topology: str, spec: SinkSpec, store_url: str, owner: str | None = None):
         assert spec.kafka is not None  # parse_sink builds a Kafka sink's spec with its target
         self.spec, self.target = spec, spec.kafka
-        self.txn_id = kafka_sink_id(topology, spec.name)
+        self.lanes = [_Lane(kafka_sink_id(topology, spec.name, i)) for i in range(LANES)]
         self.lease_key = meta.sink_lease(topology, spec.name)
         self.owner = owner or uuid.uuid4().hex[:12]
         self.store = open_store(store_url)
         self.positions: dict[str, int] = {}
         self.sequence = 0  # transactions committed under the ledger so far (its offset)
-        self.producer: Any = None
-        self.group: Any = None
         self.lease_until = 0
         self.failpoint = failpoint_from_env()
         self.producers: list[str] = []  # the stream's, refreshed every second
@@ -109,37 +114,15 @@ class KafkaSinkWriter:
     # -- Kafka ----------------------------------------------------------------------------------------
 
     def open(self, stop: threading.Event | None = None) -> "KafkaSinkWriter":
-        from confluent_kafka import Consumer, Producer
-
         self._take_lease(stop)
-        # retry.backoff.ms: the coordinator answers CONCURRENT_TRANSACTIONS to a transaction's offsets
-        # until the previous one's markers are written (a few ms); at librdkafka's default backoff each
-        # transaction waited 100 ms for that retry (send_offsets_to_transaction p50 99 ms, at 2 ms 3.9 ms)
-        config = {"linger.ms": 1, "retry.backoff.ms": 2, **self.target.config,
-                  "bootstrap.servers": self.target.bootstrap_servers,
-                  "transactional.id": self.txn_id, "partitioner": "murmur2_random"}
-        self.producer = Producer(config)
-        topics = self.producer.list_topics(self.target.topic, timeout=TIMEOUT_S).topics
-        found = topics.get(self.target.topic)
-        if found is None or found.error is not None:
-            raise OptionError(f"Kafka topic {self.target.topic!r} of sink {self.spec.name!r} was not found",
-                              got=getattr(found, "error", None), hint="create the topic first (headrace does not "
-                                                                      "create output topics)")
-        # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced
-        self.producer.init_transactions(TIMEOUT_S)
-        self.group = Consumer({"bootstrap.servers": self.target.bootstrap_servers, "group.id": self.txn_id,
-                               "isolation.level": "read_committed", "enable.auto.commit": False})
+        for lane in self.lanes:
+            lane.open(self)
         self.positions, self.sequence = self.ledger()
         return self
 
     def ledger(self) -> tuple[dict[str, int], int]:
         """The last committed ledger: per producer the last batch written, and the transactions so far."""
-        from confluent_kafka import TopicPartition
-
-        committed = self.group.committed([TopicPartition(self.target.topic, 0)], timeout=TIMEOUT_S)[0]
-        if committed.offset < 0:
-            return {}, 0
-        return decode_ledger(committed.metadata), committed.offset
+        return max((lane.ledger(self.target.topic) for lane in self.lanes), key=lambda found: found[1])
 
     def _todo(self, refresh: bool) -> dict[str, tuple[int, int]]:
         if refresh or time.monotonic() - self._producers_at > 1.0:
@@ -163,24 +146,25 @@ class KafkaSinkWriter:
                                 got=f"{len(ledger)} bytes for {len(positions)} producers",
                                 hint="raise offset.metadata.max.bytes on the brokers, or give the stream's producer "
                                      "fewer intervals")
-        self.producer.begin_transaction()
+        lane = self.lanes[self.sequence % LANES]
+        lane.producer.begin_transaction()
         try:
-            n = sum(self._produce(p, after, upto) for p, (after, upto) in sorted(todo.items()))
-            self.producer.send_offsets_to_transaction(
+            n = sum(self._produce(lane.producer, p, after, upto) for p, (after, upto) in sorted(todo.items()))
+            lane.producer.send_offsets_to_transaction(
                 [TopicPartition(self.target.topic, 0, self.sequence + 1, metadata=ledger)],
-                self.group.consumer_group_metadata(), TIMEOUT_S)
+                lane.group.consumer_group_metadata(), TIMEOUT_S)
             if self.failpoint is not None:
                 self.failpoint(SINK_COMMIT)
-            self.producer.commit_transaction(TIMEOUT_S)
+            lane.producer.commit_transaction(TIMEOUT_S)
         except KafkaException as exc:
-            raise self._failed(exc.args[0]) from exc
+            raise self._failed(lane, exc.args[0]) from exc
         except BaseException:
-            self.producer.abort_transaction(TIMEOUT_S)
+            lane.producer.abort_transaction(TIMEOUT_S)
             raise
         self.positions, self.sequence = positions, self.sequence + 1
         return n
 
-    def _produce(self, producer: str, after: int, upto: int) -> int:
+    def _produce(self, kafka: Any, producer: str, after: int, upto: int) -> int:
         target: KafkaTarget = self.target
         n = 0
         for _, r in self.store.read_segments(self.spec.stream, producer, after, upto):
@@ -195,25 +179,25 @@ class KafkaSinkWriter:
             headers = [("headrace.id", r.id.encode()), ("headrace.timestamp", str(r.timestamp).encode())]
             while True:
                 try:
-                    self.producer.produce(target.topic, value, key=None if key is None else key.encode(),
+                    kafka.produce(target.topic, value, key=None if key is None else key.encode(),
                                           headers=headers)
                     break
                 except BufferError:  # the local queue is full: let it drain
-                    self.producer.poll(0.05)
+                    kafka.poll(0.05)
             n += 1
         return n
 
-    def _failed(self, error: Any) -> HeadraceError:
+    def _failed(self, lane: "_Lane", error: Any) -> HeadraceError:
         from confluent_kafka import KafkaError
 
         if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                                              KafkaError.INVALID_PRODUCER_EPOCH):
             return FencedWriterError(f"Kafka fenced the writer of sink {self.spec.name!r}: a newer writer took its "
-                                     f"transactional.id {self.txn_id!r}", got=error.str(),
+                                     f"transactional.id {lane.txn_id!r}", got=error.str(),
                                      hint="nothing of this writer's open transaction was committed; the newer writer "
                                           "goes on from the ledger")
         if error.txn_requires_abort():
-            self.producer.abort_transaction(TIMEOUT_S)
+            lane.producer.abort_transaction(TIMEOUT_S)
         return HeadraceError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
                              hint="check the brokers and the topic; the sink resumes from its last committed batch")
 
@@ -223,9 +207,52 @@ class KafkaSinkWriter:
             if held is not None and held["owner"] == self.owner:
                 self.store.delete_meta(self.lease_key)  # the next writer need not wait for it to run out
         finally:
-            if self.group is not None:
-                self.group.close()
+            for lane in self.lanes:
+                lane.close()
             self.store.close()
+
+
+class _Lane:
+    """One of a sink's transactional producers, and the consumer group its ledger commits under."""
+
+    def __init__(self, txn_id: str):
+        self.txn_id = txn_id
+        self.producer: Any = None
+        self.group: Any = None
+
+    def open(self, writer: KafkaSinkWriter) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        target = writer.target
+        # retry.backoff.ms: the coordinator answers CONCURRENT_TRANSACTIONS to a transaction's offsets
+        # until the previous one's markers are written (a few ms); at librdkafka's default backoff each
+        # transaction waited 100 ms for that retry (send_offsets_to_transaction p50 99 ms, at 2 ms 3.9 ms)
+        config = {"linger.ms": 1, "retry.backoff.ms": 2, **target.config, "bootstrap.servers": target.bootstrap_servers,
+                  "transactional.id": self.txn_id, "partitioner": "murmur2_random"}
+        self.producer = Producer(config)
+        topics = self.producer.list_topics(target.topic, timeout=TIMEOUT_S).topics
+        found = topics.get(target.topic)
+        if found is None or found.error is not None:
+            raise OptionError(f"Kafka topic {target.topic!r} of sink {writer.spec.name!r} was not found",
+                              got=getattr(found, "error", None), hint="create the topic first (headrace does not "
+                                                                      "create output topics)")
+        # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced
+        self.producer.init_transactions(TIMEOUT_S)
+        self.group = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
+                               "isolation.level": "read_committed", "enable.auto.commit": False})
+
+    def ledger(self, topic: str) -> tuple[dict[str, int], int]:
+        """This lane's last committed ledger and its offset (0 if it committed none)."""
+        from confluent_kafka import TopicPartition
+
+        committed = self.group.committed([TopicPartition(topic, 0)], timeout=TIMEOUT_S)[0]
+        if committed.offset < 0:
+            return {}, 0
+        return decode_ledger(committed.metadata), committed.offset
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
 
 
 class KafkaSink:
