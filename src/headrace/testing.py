@@ -121,7 +121,7 @@ class Harness:
                                   got_text=repr(fields), hint="give each record three or four fields")
             key, value, timestamp, *given = fields
             if type(key) is not str:
-                raise InvalidKeyError("Harness.process needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
+                raise InvalidKeyError("A harness record needs a str key", got_text=f"{key!r} of type {type(key).__name__}",
                                       hint="pass the key as a string, e.g. str(user_id)")
             rid = given[0] if given and given[0] is not None else f"harness-{self.name}-{next(self._ids)}"
             record = InputRecord(name, key, value, to_millis(timestamp), rid)

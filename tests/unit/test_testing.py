@@ -80,6 +80,6 @@ def test_the_harness_docstring_examples_run() -> None:
 
 def test_a_key_that_is_not_a_string_is_refused_naming_it() -> None:
     h = Harness(Running)
-    with pytest.raises(InvalidKeyError, match=r"^Harness.process needs a str key \(got 7 of type int\)"):
+    with pytest.raises(InvalidKeyError, match=r"^A harness record needs a str key \(got 7 of type int\)"):
         h.process_batch([("a", 1, 10), (7, 2, 11)])  # type: ignore[list-item]
     assert h.state("a") is None
