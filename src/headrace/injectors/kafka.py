@@ -6,10 +6,12 @@ next offset and newest timestamp of each partition it owns, journaled with each 
 in the same store transaction (``engine.publish``). So input is exactly-once without Kafka
 transactions or consumer-group commits: a restarted part reads on from its last published batch.
 A part looks for new partitions every ``discover_ms``, and again before its watermark passes
-records it has read (a look at most every 10 ms while records come: the watermark holds until the
-next, and the part reads no longer than that meanwhile), and reads a new one from its first offset:
-a record written to a new partition before the part read a newer one elsewhere is not late. A look
-the broker does not answer holds the watermark until one it answers.
+records it has read: a watermark computed from what was read by some moment is published once a
+look begun after that moment is answered, and a look that finds new partitions voids those waiting.
+It reads a new partition from its first offset, so a record written to a new partition before the
+part read a newer one elsewhere is not late. The looks run on a thread of their own, at most every
+10 ms while records come: the watermark waits for them, the records do not. A look the broker does
+not answer holds the watermark until one it answers.
 It reads with ``isolation.level=read_committed``: records of aborted or open transactions are never
 injected.
 
@@ -34,7 +36,9 @@ Record ids are ``kafka:<topic>:<partition>:<offset>``.
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterator
 
 from ..errors import HeadraceError, OptionError
@@ -116,7 +120,7 @@ class KafkaPart(Injector):
         return sorted(p for p in topic.partitions if p % self.part_count == self.part)
 
     def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
-        from confluent_kafka import KafkaError
+        from confluent_kafka import KafkaError, KafkaException
 
         saved: dict[str, Any] = json.loads(resume) if resume else {"partitions": {}, "watermark": BEGINNING_OF_TIME}
         now = self.clock()
@@ -125,14 +129,25 @@ class KafkaPart(Injector):
         consumer = self._consumer()
         at_end: set[int] = set()
         assigned: set[int] = set()
-        looked = self._look(consumer, state, assigned) or float("-inf")  # assigns the resumed partitions
-        discovered, holding = self.clock(), False
+        looker = _Looker(self._mine, f"headrace-kafka-look-{self.topic}-{self.part}")
+        try:  # assigns the resumed partitions
+            self._assign(consumer, state, assigned, self._mine())
+        except KafkaException:  # unanswered: the looker asks again
+            looker.ask()
+        except BaseException:
+            looker.stop()
+            consumer.close()
+            raise
+        # watermarks (and whether every partition ended) computed from what was read by a moment
+        # (monotonic): each may be published once a look for new partitions began after that moment
+        waiting: deque[tuple[float, int, bool]] = deque()
+        discovered = self.clock()
         try:
             while True:
-                # holding a watermark back: read no longer than until the next look may be made
-                wait = max(0.0, LOOK_EVERY_S - (time.monotonic() - looked)) if holding else self.poll_s
                 records: list[tuple[Any, int, str | None]] = []
                 dead: list[tuple[Any, int, str | None]] = []
+                # a watermark waiting for a look: read no longer than a look takes to come
+                wait = LOOK_EVERY_S if waiting else self.poll_s
                 for message in self._fetch(consumer, wait) if state else self._idle(wait):
                     error = message.error()
                     if error is not None:
@@ -144,22 +159,24 @@ class KafkaPart(Injector):
                     p = message.partition()
                     at_end.discard(p)
                     self._take(message, state[p], published, records, dead)
-                now = self.clock()
+                read_at, now = time.monotonic(), self.clock()
                 mark, ended = self._watermark(consumer, state, published, at_end), self._ended_all(state, at_end)
-                due, moves = now - discovered >= self.discover_ms, mark > published or ended
-                # a partition added since the last look may hold records behind what was just read:
-                # the watermark passes them only after a look made after the read
-                fresh = None
-                if due or (moves and time.monotonic() - looked >= LOOK_EVERY_S):
-                    if due:
-                        discovered = now
-                    fresh = self._look(consumer, state, assigned)
-                holding = moves and fresh is None
-                if holding:
-                    mark, ended = published, False
-                elif fresh is not None:
-                    looked = fresh
-                    mark, ended = self._watermark(consumer, state, published, at_end), self._ended_all(state, at_end)
+                newest = waiting[-1][1:] if waiting else (published, False)
+                if (mark, ended) != newest and (mark > published or ended):
+                    waiting.append((read_at, mark, ended))
+                    looker.ask()
+                if now - discovered >= self.discover_ms:
+                    discovered = now
+                    looker.ask()
+                mark, ended = published, False
+                answer = looker.answer()
+                if answer is not None:
+                    began, mine = answer
+                    if self._assign(consumer, state, assigned, mine):
+                        waiting.clear()  # computed without the new partitions, which hold it back now
+                    while waiting and waiting[0][0] < began:  # a partition added before was found by it
+                        _, mark, ended = waiting.popleft()
+                    ended = ended and self._ended_all(state, at_end)
                 if ended:
                     mark = END_OF_TIME
                 if records or dead or mark != published:
@@ -168,6 +185,7 @@ class KafkaPart(Injector):
                 if ended:
                     return
         finally:
+            looker.stop()
             consumer.close()
             if self._asker is not None:
                 self._asker.close()
@@ -195,16 +213,11 @@ class KafkaPart(Injector):
         time.sleep(wait_s)
         return []
 
-    def _look(self, consumer: Any, state: dict[int, _Partition], assigned: set[int]) -> float | None:
-        """Assigns this part's partitions not assigned yet, a new one from its first offset; returns
-        when it looked (monotonic), or None if the broker did not answer (the watermark holds)."""
-        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+    def _assign(self, consumer: Any, state: dict[int, _Partition], assigned: set[int], mine: list[int]) -> bool:
+        """Assigns the partitions of ``mine`` not assigned yet, a new one from its first offset;
+        whether there were any."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        looked = time.monotonic()
-        try:
-            mine = self._mine()
-        except KafkaException:
-            return None
         new = [p for p in mine if p not in assigned]
         now = self.clock()
         for p in new:
@@ -212,7 +225,7 @@ class KafkaPart(Injector):
         if new:
             consumer.incremental_assign([TopicPartition(self.topic, p, state[p].offset) for p in new])
             assigned.update(new)
-        return looked
+        return bool(new)
 
     def _take(self, message: Any, part: _Partition, published: int, records: list[Any], dead: list[Any]) -> None:
         p, offset = message.partition(), message.offset()
@@ -278,6 +291,56 @@ class KafkaPart(Injector):
     def _checkpoint(self, state: dict[int, _Partition], watermark: int) -> str:
         return json.dumps({"partitions": {str(p): [s.offset, s.high, s.late] for p, s in sorted(state.items())},
                            "watermark": watermark})
+
+
+class _Looker:
+    """Asks the broker for a part's partitions on a thread of its own, when asked, at most every
+    ``LOOK_EVERY_S``, so that a batch's records never wait for the answer (a look took 2 ms p50 and
+    16 ms p99 on a busy broker, before a third of the batches)."""
+
+    def __init__(self, mine: Callable[[], list[int]], name: str):
+        self._mine = mine
+        self._asked, self._stopped = threading.Event(), threading.Event()
+        self._lock = threading.Lock()
+        self._answer: tuple[float, list[int]] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def ask(self) -> None:
+        self._asked.set()
+
+    def answer(self) -> tuple[float, list[int]] | None:
+        """The newest answer not taken yet: when its look began (monotonic), and the partitions."""
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            answer, self._answer = self._answer, None
+        return answer
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaException
+
+        began = float("-inf")
+        while self._asked.wait() and not self._stopped.wait(max(0.0, began + LOOK_EVERY_S - time.monotonic())):
+            self._asked.clear()
+            began = time.monotonic()
+            try:
+                mine = self._mine()
+            except KafkaException:  # unanswered: the watermark holds until a look is answered
+                self._asked.set()
+                continue
+            except BaseException as exc:  # the topic is gone: the part raises it
+                with self._lock:
+                    self._error = exc
+                return
+            with self._lock:
+                self._answer = (began, mine)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._asked.set()
+        self._thread.join(timeout=ASK_TIMEOUT_S + 10)
 
 
 def late_records(checkpoint: str | None) -> int:
