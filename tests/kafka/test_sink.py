@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from headrace.errors import FencedWriterError
+from headrace.errors import FencedWriterError, OptionError
 from headrace.names import meta
 from headrace.spark.kafka_sink import KafkaSinkWriter, decode_ledger
 from headrace.store import open_store
@@ -55,11 +55,19 @@ def test_records_reach_a_read_committed_consumer_once_with_their_ids(kafka_broke
     w.store.close()
 
 
-def test_a_writer_killed_inside_its_commit_leaves_nothing_or_everything(kafka_broker: Any, tmp_path: Path) -> None:
-    """SIGKILL at the sink_commit failpoint (records and ledger sent, not committed): the next writer
-    aborts that transaction (init_transactions) and writes the batch again, once."""
+@pytest.mark.parametrize("lane", [0, 1])
+def test_a_writer_killed_inside_its_commit_leaves_nothing_or_everything(kafka_broker: Any, tmp_path: Path,
+                                                                        lane: int) -> None:
+    """SIGKILL at the sink_commit failpoint (records and ledger sent, not committed), on either
+    lane: the next writer aborts that transaction (init_transactions) and writes the batches
+    again, once."""
     store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
-    ids = publish(store_url, STREAM, range(1, 3), per_batch=10)
+    ids = publish(store_url, STREAM, range(1, 2), per_batch=10)
+    if lane:  # a writer that committed one transaction, on lane 0: the killed one's is on lane 1
+        before = writer(store_url, topic, kafka_broker).open()
+        before.write_once(refresh=True)
+        before.close()
+    ids += publish(store_url, STREAM, range(2, 3), per_batch=10)
     marks = tmp_path / "marks"
     marks.mkdir()
     proc = start_writer(store_url, topic, kafka_broker, lease_ms=500, failpoint=f"sink_commit=sleep:30000:{marks}")
@@ -67,7 +75,8 @@ def test_a_writer_killed_inside_its_commit_leaves_nothing_or_everything(kafka_br
     proc.kill()
     proc.wait()
     w = writer(store_url, topic, kafka_broker).open()
-    assert w.positions == {}  # the killed transaction's ledger was never committed
+    assert w.positions == ({"inject:things": 1} if lane else {})  # the killed transaction's ledger never committed
+    assert w.sequence == lane
     drain(w)
     assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
     w.close()
@@ -95,6 +104,9 @@ def test_its_two_producers_take_turns_and_the_latest_ledger_is_its_position(kafk
     assert [lane.ledger(topic)[1] for lane in successor.lanes] == [5, 6]
     assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
     successor.close()
+    third = writer(store_url, topic, kafka_broker).open()  # the latest ledger is lane 1's now
+    assert third.positions == {"inject:things": 6} and third.sequence == 6
+    third.close()
 
 
 @pytest.mark.parametrize("lane", [0, 1])
@@ -130,6 +142,15 @@ def test_a_zombie_writer_paused_past_its_lease_cannot_commit(kafka_broker: Any, 
     assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
     assert successor.ledger()[0] == {"inject:things": 5}
     successor.close()
+
+
+def test_a_topic_that_does_not_exist_is_named_before_anything_is_fenced(kafka_broker: Any, tmp_path: Path) -> None:
+    w = writer(f"sqlite:///{tmp_path}/store.db", "no-such-topic", kafka_broker)
+    with pytest.raises(OptionError, match=r"^Kafka topic 'no-such-topic' of sink 'out' was not found .*"
+                                          r"create the topic first"):
+        w.open()
+    assert all(lane.group is None for lane in w.lanes)  # no lane got as far as init_transactions
+    w.close()
 
 
 def test_a_live_writer_holds_its_lease_against_a_second(kafka_broker: Any, tmp_path: Path) -> None:

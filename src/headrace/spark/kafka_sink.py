@@ -17,7 +17,7 @@ output is in batch order and the committed ledgers form a sequence: the one with
 (the count of transactions) is the sink's position.
 
 Fencing: a writer holds a lease in the store (``meta.sink_lease``) and takes it only once the
-previous holder's has run out; then ``init_transactions`` bumps the producer epoch of the id, which
+previous holder's has run out; then ``init_transactions`` bumps the producer epoch of each lane's id, which
 aborts the old writer's open transaction and makes Kafka refuse anything it sends after. So a zombie
 (a writer paused past its lease, then resumed) cannot commit, whatever it believes.
 
@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 import zlib
+from contextlib import ExitStack
 from typing import Any
 
 from ..errors import FencedWriterError, HeadraceError, OptionError, UserCodeError
@@ -114,11 +115,29 @@ class KafkaSinkWriter:
     # -- Kafka ----------------------------------------------------------------------------------------
 
     def open(self, stop: threading.Event | None = None) -> "KafkaSinkWriter":
+        from confluent_kafka import KafkaException
+
         self._take_lease(stop)
         for lane in self.lanes:
-            lane.open(self)
+            lane.connect(self.target)
+        self._check_topic(self.lanes[0].producer)  # before anything is fenced
+        for lane in self.lanes:
+            try:
+                lane.fence(self.target)
+            except KafkaException as exc:
+                raise HeadraceError(f"Kafka sink {self.spec.name!r} could not start its transactional producer "
+                                    f"{lane.txn_id!r}", got=exc.args[0].str(),
+                                    hint="check the brokers, and that the sink may use this transactional.id and "
+                                         "consumer group (ACLs); nothing was written") from exc
         self.positions, self.sequence = self.ledger()
         return self
+
+    def _check_topic(self, producer: Any) -> None:
+        found = producer.list_topics(self.target.topic, timeout=TIMEOUT_S).topics.get(self.target.topic)
+        if found is None or found.error is not None:
+            raise OptionError(f"Kafka topic {self.target.topic!r} of sink {self.spec.name!r} was not found",
+                              got=getattr(found, "error", None), hint="create the topic first (headrace does not "
+                                                                      "create output topics)")
 
     def ledger(self) -> tuple[dict[str, int], int]:
         """The last committed ledger: per producer the last batch written, and the transactions so far."""
@@ -164,7 +183,8 @@ class KafkaSinkWriter:
         self.positions, self.sequence = positions, self.sequence + 1
         return n
 
-    def _produce(self, kafka: Any, producer: str, after: int, upto: int) -> int:
+    def _produce(self, out: Any, producer: str, after: int, upto: int) -> int:
+        """Sends the records of ``producer``'s batches ``after`` < b <= ``upto`` through ``out``, a lane's producer."""
         target: KafkaTarget = self.target
         n = 0
         for _, r in self.store.read_segments(self.spec.stream, producer, after, upto):
@@ -179,11 +199,10 @@ class KafkaSinkWriter:
             headers = [("headrace.id", r.id.encode()), ("headrace.timestamp", str(r.timestamp).encode())]
             while True:
                 try:
-                    kafka.produce(target.topic, value, key=None if key is None else key.encode(),
-                                          headers=headers)
+                    out.produce(target.topic, value, key=None if key is None else key.encode(), headers=headers)
                     break
                 except BufferError:  # the local queue is full: let it drain
-                    kafka.poll(0.05)
+                    out.poll(0.05)
             n += 1
         return n
 
@@ -207,9 +226,10 @@ class KafkaSinkWriter:
             if held is not None and held["owner"] == self.owner:
                 self.store.delete_meta(self.lease_key)  # the next writer need not wait for it to run out
         finally:
-            for lane in self.lanes:
-                lane.close()
-            self.store.close()
+            with ExitStack() as closing:  # each, whatever another raises
+                closing.callback(self.store.close)
+                for lane in self.lanes:
+                    closing.callback(lane.close)
 
 
 class _Lane:
@@ -220,22 +240,19 @@ class _Lane:
         self.producer: Any = None
         self.group: Any = None
 
-    def open(self, writer: KafkaSinkWriter) -> None:
-        from confluent_kafka import Consumer, Producer
+    def connect(self, target: KafkaTarget) -> None:
+        from confluent_kafka import Producer
 
-        target = writer.target
         # retry.backoff.ms: the coordinator answers CONCURRENT_TRANSACTIONS to a transaction's offsets
         # until the previous one's markers are written (a few ms); at librdkafka's default backoff each
         # transaction waited 100 ms for that retry (send_offsets_to_transaction p50 99 ms, at 2 ms 3.9 ms)
         config = {"linger.ms": 1, "retry.backoff.ms": 2, **target.config, "bootstrap.servers": target.bootstrap_servers,
                   "transactional.id": self.txn_id, "partitioner": "murmur2_random"}
         self.producer = Producer(config)
-        topics = self.producer.list_topics(target.topic, timeout=TIMEOUT_S).topics
-        found = topics.get(target.topic)
-        if found is None or found.error is not None:
-            raise OptionError(f"Kafka topic {target.topic!r} of sink {writer.spec.name!r} was not found",
-                              got=getattr(found, "error", None), hint="create the topic first (headrace does not "
-                                                                      "create output topics)")
+
+    def fence(self, target: KafkaTarget) -> None:
+        from confluent_kafka import Consumer
+
         # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced
         self.producer.init_transactions(TIMEOUT_S)
         self.group = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
@@ -251,8 +268,9 @@ class _Lane:
         return decode_ledger(committed.metadata), committed.offset
 
     def close(self) -> None:
-        if self.group is not None:
-            self.group.close()
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
 
 
 class KafkaSink:
