@@ -14,7 +14,9 @@ records and produces one result per record, and the Kafka sink writes the result
 transactions (each with its ledger). A ``read_committed`` consumer process of the output topic
 notes, per result, the wall clock minus its ``headrace.timestamp`` header (the input's produce
 time): produce to visible. The first ``--settle`` seconds are left out. Then the store's journal
-says where the time went: produce -> injected -> counted (each batch's commit) -> visible.
+says where the time went: produce -> injected -> counted (each batch's commit) -> visible, and where the cores
+went while it measured (from /proc: the broker, the driver, Spark's JVM and Python workers, the
+bench's own producer and consumer, and the time the host stole from this machine).
 
 The anchor is Spark 4.3's real-time mode with the JVM ``transformWithState``, Kafka to Kafka,
 by Spark's own benchmark (connector/kafka-0-10-sql/benchmarks): p50 104 ms, p99 141 ms. It ran
@@ -148,6 +150,40 @@ def stages(store_url: str, seen: list[tuple[float, int, int]], since: int) -> di
     return out
 
 
+def cpu_seconds(broker_pid: int | None, bench_pids: set[int]) -> dict[Any, tuple[str, float]]:
+    """CPU seconds so far (from /proc) per process of the broker, this driver, Spark's JVM and Python
+    workers and the bench's producer and consumer; and the machine's busy and stolen time (all cores)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[Any, tuple[str, float]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        command = b" ".join(argv).decode(errors="replace")
+        group = ("broker" if int(pid) == broker_pid else "driver" if int(pid) == os.getpid()
+                 else "the bench's producer and consumer" if int(pid) in bench_pids
+                 else "Spark's JVM" if argv[0].endswith(b"java") and "org.apache.spark.deploy.SparkSubmit" in command
+                 else "Spark's Python workers" if "pyspark.daemon" in command or "pyspark.worker" in command else None)
+        if group is not None:
+            out[int(pid)] = (group, (int(fields[11]) + int(fields[12])) / tick)
+    user, nice, system, idle, iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    out["machine"] = ("the machine busy", (user + nice + system + irq + softirq) / tick)
+    out["stolen"] = ("stolen by the host", steal / tick)
+    return out
+
+
+def cores_used(since: tuple[float, dict[Any, tuple[str, float]]],
+               until: tuple[float, dict[Any, tuple[str, float]]]) -> dict[str, float]:
+    """Cores each group used between two readings, over the processes in both."""
+    used: dict[str, float] = {}
+    for pid, (group, seconds) in until[1].items():
+        if pid in since[1]:
+            used[group] = used.get(group, 0.0) + (seconds - since[1][pid][1]) / (until[0] - since[0])
+    return used
+
+
 def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: float, settle: float,
             linger_ms: int) -> dict[str, Any]:
     """The producer and the consumer run in processes of their own, as a user's would: in threads
@@ -169,12 +205,19 @@ def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: fl
                            args=(broker.bootstrap_servers, source, rate, settle + seconds, linger_ms, sent))
     reader.start()
     writer.start()
+    broker_pid = broker.process.pid if broker.process is not None else None
+    began, cpu_from, cpu_until, cpu_at = time.monotonic(), None, None, 0.0
     try:
         while writer.is_alive() or sent.value < 0:
             runner.check()
             writer.join(0.1)
             if writer.exitcode not in (None, 0):
                 raise RuntimeError(f"the producer process failed (exit code {writer.exitcode})")
+            if time.monotonic() - began >= settle and time.monotonic() - cpu_at >= 1.0 and writer.is_alive():
+                cpu_at = time.monotonic()  # a reading a second while the producer sends, the first after settle
+                reading = (cpu_at, cpu_seconds(broker_pid, {pid for pid in (reader.pid, writer.pid) if pid}))
+                cpu_from, cpu_until = cpu_from or reading, reading
+        assert cpu_from is not None and cpu_until is not None and cpu_until[0] > cpu_from[0], "--seconds too short"
         deadline = time.monotonic() + 60
         while distinct.value < sent.value and time.monotonic() < deadline:
             runner.check()
@@ -190,7 +233,8 @@ def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: fl
     ns = [n for _, _, n in seen]
     return {"mode": mode, "sent": sent.value, "received": len(ns), "distinct": len(set(ns)), "measured": len(latencies),
             "p50": percentile(latencies, 0.50), "p90": percentile(latencies, 0.90),
-            "p99": percentile(latencies, 0.99), "max": max(latencies), "stages": stages(store, seen, since)}
+            "p99": percentile(latencies, 0.99), "max": max(latencies), "stages": stages(store, seen, since),
+            "cores": cores_used(cpu_from, cpu_until)}
 
 
 def main() -> None:
@@ -225,6 +269,10 @@ def main() -> None:
         for name, values in r["stages"].items():
             print(f"  {name:32} {percentile(values, 0.5):7.1f} {percentile(values, 0.9):7.1f} "
                   f"{percentile(values, 0.99):7.1f} {max(values):7.1f}")
+        cores = r["cores"]
+        busy, stolen = cores.pop("the machine busy"), cores.pop("stolen by the host")
+        print("  cores while measured: " + ", ".join(f"{g} {c:.2f}" for g, c in cores.items())
+              + f"; the machine {busy:.2f} of {os.cpu_count()} busy, {stolen:.2f} stolen by the host")
         if r["distinct"] != r["sent"] or r["received"] != r["sent"]:
             print(f"  exactly-once check FAILED: {r['sent']} sent, {r['received']} read, {r['distinct']} distinct")
 
