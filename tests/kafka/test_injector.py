@@ -3,6 +3,7 @@ watermarks, the idle-partition policy, deserializers and dead letters."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 import time
@@ -122,21 +123,34 @@ def test_a_record_is_injected_when_it_comes_not_when_poll_s_is_out(kafka_broker:
 def test_the_watermark_moves_while_a_backlog_is_read_whatever_discover_ms(kafka_broker: Any) -> None:
     """A look for new partitions begun after a read lets the watermark pass it: the watermark moves
     look by look through a backlog (with ``discover_ms=0`` too, a look asked every pass), not only
-    once it is drained, and never past what a look begun after its read covered."""
+    once it is drained, and never past what was read when the latest look began."""
     topic = kafka_broker.create_topic()
     n = 20_000
     produce(kafka_broker, topic, [(0, json.dumps({"ts": 1_000 + i}).encode(), 0) for i in range(n)])
-    batches = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", batch_size=5, discover_ms=0,
-                              clock=Clock(step=10_000)).batches(None)
-    got, read = [], 0
-    for batch in batches:  # what the part had read when it published each watermark
-        read += len(batch.records)
-        got.append((batch.watermark, read))
-        if read == n:
+    part = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", batch_size=5, discover_ms=0,
+                           clock=Clock(step=10_000))
+    read, began_at = [0], [0]  # records read so far; how many when the latest look began
+    take_one, mine = part._take, part._mine  # type: ignore[union-attr]
+
+    def counted(*args: Any) -> None:
+        read[0] += 1
+        take_one(*args)
+
+    def marked() -> list[int]:
+        began_at[0] = read[0]
+        return mine()
+
+    part._take, part._mine = counted, marked  # type: ignore[union-attr]
+    got = []
+    for batch in part.batches(None):
+        got.append((batch.watermark, read[0], began_at[0]))
+        if read[0] == n:
             break
-    marks = [mark for mark, _ in got]
-    assert marks == sorted(marks) and len({m for m, k in got if k < n}) >= 5, marks[::100]
-    assert all(mark <= 1_000 + k - 1 for mark, k in got if mark > BEGINNING_OF_TIME)  # only what was read
+    marks = [mark for mark, _, _ in got]
+    assert marks == sorted(marks) and len({m for m, k, _ in got if k < n}) >= 5, marks[::100]
+    # a single partition without max_delay_ms: a watermark of 1,000 + k - 1 passes the first k records
+    assert all(mark <= 1_000 + began - 1 for mark, _, began in got if mark > BEGINNING_OF_TIME)
+    assert any(mark < 1_000 + k - 1 for mark, k, _ in got)  # it did wait for looks
 
 
 def test_records_do_not_wait_for_a_look_for_new_partitions_and_the_watermark_does(kafka_broker: Any) -> None:
@@ -163,11 +177,78 @@ def test_records_do_not_wait_for_a_look_for_new_partitions_and_the_watermark_doe
         assert [v["ts"] for v in values(got)] == [1_000, 1_001, 1_002]
         assert {b.watermark for b in got} == {BEGINNING_OF_TIME}  # injected while the look is under way
         gate.set()
-        got += take(batches, lambda got: got[-1].watermark > BEGINNING_OF_TIME)
+        got += take(batches, lambda got: got[-1].watermark >= 1_002)
         assert got[-1].watermark == 1_002 and not got[-1].records
         assert calls[1].startswith("headrace-kafka-look-")
     finally:
         gate.set()
+        batches.close()
+
+
+@pytest.mark.timeout(120)
+def test_the_watermark_never_moves_back_when_a_partition_wakes_while_a_look_is_under_way(
+        kafka_broker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both partitions go idle, so the watermark would go to partition 0's 8,900, and the look that
+    asks for is held at a gate; then partition 1 wakes with a record of 600. That look covers 8,900
+    but began before the wake-up: its answer must not publish 8,900 and the next 500 (a watermark
+    moving back); the part publishes 500 once a look begun after the wake-up answers. (The look
+    after the held one waits until the part took the held one's answer, which a faster second
+    answer would otherwise replace.)"""
+    topic = kafka_broker.create_topic(partitions=2)
+    clock = Clock()
+    part = injectors.kafka(topic, kafka_broker.bootstrap_servers, timestamp="ts", max_delay_ms=100,
+                           idle_ms=5_000, clock=clock)
+    gate, armed, looking, taken = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    after_held = threading.Event()
+    mine = part._mine  # type: ignore[union-attr]
+    looker = importlib.import_module("headrace.injectors.kafka")._Looker
+    answer = looker.answer
+
+    def noting(self: Any) -> Any:
+        got = answer(self)
+        if got is not None and gate.is_set():
+            taken.set()
+        return got
+
+    def gated() -> list[int]:
+        if armed.is_set():  # the first look asked after the clock moved (nothing else asks then)
+            armed.clear()
+            after_held.set()
+            looking.set()
+            gate.wait(30)
+        elif after_held.is_set():
+            after_held.clear()
+            taken.wait(30)
+        return mine()
+
+    monkeypatch.setattr(looker, "answer", noting)
+    part._mine = gated  # type: ignore[union-attr]
+    batches = part.batches(None)
+    try:
+        produce(kafka_broker, topic, [(0, json.dumps({"ts": 1_000}).encode(), 0),
+                                      (1, json.dumps({"ts": 500}).encode(), 0)])
+        got = take(batches, lambda got: len(values(got)) == 2 and got[-1].watermark == 400)
+        produce(kafka_broker, topic, [(0, json.dumps({"ts": 9_000}).encode(), 0)])
+        got += take(batches, lambda new: len(values(new)) == 1)
+        armed.set()
+        clock.now += 5_000  # both silent for idle_ms: 8,900 waits for a look
+
+        def wake() -> None:  # partition 1 wakes once that look is held (the part reads on meanwhile)
+            if looking.wait(30):
+                produce(kafka_broker, topic, [(1, json.dumps({"ts": 600}).encode(), 0)])
+
+        waker = threading.Thread(target=wake)
+        waker.start()
+        got += take(batches, lambda new: len(values(new)) == 1)
+        waker.join()
+        assert looking.is_set() and not gate.is_set()
+        gate.set()
+        got += take(batches, lambda new: new[-1].watermark >= 500)
+        marks = [b.watermark for b in got]
+        assert marks == sorted(marks) and marks[-1] == 500 and 8_900 not in marks, marks
+    finally:
+        gate.set()
+        taken.set()
         batches.close()
 
 
