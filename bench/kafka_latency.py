@@ -206,17 +206,18 @@ def measure(broker: KafkaBroker, spark: Any, mode: str, rate: float, seconds: fl
     reader.start()
     writer.start()
     broker_pid = broker.process.pid if broker.process is not None else None
-    began, cpu_from, cpu_until, cpu_at = time.monotonic(), None, None, 0.0
+    # two readings of /proc while the producer sends: once settled, and a second before it stops
+    began, readings_at, readings = time.monotonic(), [settle, max(settle + 0.5, settle + seconds - 1)], []
     try:
         while writer.is_alive() or sent.value < 0:
             runner.check()
             writer.join(0.1)
             if writer.exitcode not in (None, 0):
                 raise RuntimeError(f"the producer process failed (exit code {writer.exitcode})")
-            if time.monotonic() - began >= settle and time.monotonic() - cpu_at >= 1.0 and writer.is_alive():
-                cpu_at = time.monotonic()  # a reading a second while the producer sends, the first after settle
-                reading = (cpu_at, cpu_seconds(broker_pid, {pid for pid in (reader.pid, writer.pid) if pid}))
-                cpu_from, cpu_until = cpu_from or reading, reading
+            if readings_at and time.monotonic() - began >= readings_at[0] and writer.is_alive():
+                readings_at.pop(0)
+                readings.append((time.monotonic(), cpu_seconds(broker_pid, {pid for pid in (reader.pid, writer.pid) if pid})))
+        cpu_from, cpu_until = (readings[0], readings[-1]) if readings else (None, None)
         assert cpu_from is not None and cpu_until is not None and cpu_until[0] > cpu_from[0], "--seconds too short"
         deadline = time.monotonic() + 60
         while distinct.value < sent.value and time.monotonic() < deadline:

@@ -25,12 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.kafka_broker
 
+from bench.kafka_latency import percentile  # noqa: E402
 from tests.kafka_broker import KafkaBroker  # noqa: E402
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+def ms(values: list[float], q: float) -> float:
+    return percentile(values, q) * 1000
 
 
 def broker_cpu_s(broker: KafkaBroker) -> float | None:
@@ -71,8 +71,8 @@ def turn(broker: KafkaBroker, lanes: int, transactions: int, records: int) -> di
     elapsed, cpu_after = time.monotonic() - started, broker_cpu_s(broker)
     for _, group in pairs:
         group.close()
-    return {"lanes": lanes, "p50": percentile(cycles, 0.5), "p90": percentile(cycles, 0.9),
-            "p99": percentile(cycles, 0.99), "offsets": percentile(offsets, 0.5), "commit": percentile(commits, 0.5),
+    return {"lanes": lanes, "p50": ms(cycles, 0.5), "p90": ms(cycles, 0.9),
+            "p99": ms(cycles, 0.99), "offsets": ms(offsets, 0.5), "commit": ms(commits, 0.5),
             "rate": transactions / elapsed,
             "cpu_ms": None if cpu_before is None or cpu_after is None else
             (cpu_after - cpu_before) * 1000 / transactions}
