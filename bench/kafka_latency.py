@@ -41,6 +41,7 @@ from headrace import Computation, Topology, injectors, key_by  # noqa: E402
 from headrace.spark.continuous import ContinuousRunner  # noqa: E402
 from headrace.spark.runner import MicroBatchRunner  # noqa: E402
 from headrace.spark.session import spark_session  # noqa: E402
+from percentiles import percentile  # noqa: E402
 from tests.kafka_broker import KafkaBroker  # noqa: E402
 
 ANCHOR = {"p50": 104.0, "p99": 141.0}  # Spark 4.3 real-time mode, transformWithState, Kafka -> Kafka
@@ -106,11 +107,6 @@ def consume(bootstrap: str, topic: str, out: str, distinct: Any, stop: Any) -> N
     finally:
         consumer.close()
         Path(out).write_text(json.dumps(seen))
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def stages(store_url: str, seen: list[tuple[float, int, int]], since: int) -> dict[str, list[float]]:

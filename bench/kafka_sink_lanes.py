@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.kafka_broker
 
-from bench.kafka_latency import percentile  # noqa: E402
+from percentiles import percentile  # noqa: E402
 from tests.kafka_broker import KafkaBroker  # noqa: E402
 
 

@@ -61,6 +61,7 @@ from headrace.model import END_OF_TIME
 from headrace.spark.continuous import ContinuousRunner
 from headrace.spark.session import spark_session
 from headrace.store import open_store
+from percentiles import percentile
 
 STAGES = ["First", "Second", "Third"]
 STORES = ("sqlite", "postgresql")
@@ -122,11 +123,6 @@ def build(rate: float, seconds: float, name: str, log_dir: str, inject_batch: in
           **options)
     t.add(stage_class("Third", None, log_dir), name="Third", inputs={"s2": key_by("user")}, **options)
     return t
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def producer_batch(record_id: str, mode: str) -> tuple[str, int]:
@@ -340,13 +336,13 @@ def print_results(args: Any, stores: list[str], modes: list[str],
             for label, tag, _ in VARIANTS:
                 m = results[(store, mode, tag)]
                 for hop, values in m.hops.items():
-                    line = (f"{store:<11} {mode:<11} {label:<21} {hop:<15} {len(values):>8,} {pct(values, .5):>8,.1f} "
-                            f"{pct(values, .95):>8,.1f} {pct(values, .99):>8,.1f}")
+                    line = (f"{store:<11} {mode:<11} {label:<21} {hop:<15} {len(values):>8,} {percentile(values, .5):>8,.1f} "
+                            f"{percentile(values, .95):>8,.1f} {percentile(values, .99):>8,.1f}")
                     if base and store != base:
                         ref = results[(base, mode, tag)].hops[hop]
-                        line += "".join(f" {pct(values, q) / pct(ref, q):>6.2f}x" for q in (.5, .99))
+                        line += "".join(f" {percentile(values, q) / percentile(ref, q):>6.2f}x" for q in (.5, .99))
                     print(line)
-                inside = ", ".join(f"{s} {pct(v, .5):,.1f} / {pct(v, .95):,.1f}" for s, v in m.in_stage.items())
+                inside = ", ".join(f"{s} {percentile(v, .5):,.1f} / {percentile(v, .95):,.1f}" for s, v in m.in_stage.items())
                 print(f"{'':<45} in stage, seen to the commit of its output, p50 / p95: {inside}")
     print()
     print("watermark lag (ms), p50 / p95: from an injector batch's publish to the stage's journaled output "
@@ -361,7 +357,7 @@ def print_results(args: Any, stores: list[str], modes: list[str],
                     rows.append(("C/<i> (intervals)", m.interval_lags))
                 for journal, lags in rows:
                     print(f"{store:<11} {mode:<11} {label:<21} {journal:<22} " +
-                          " ".join(f"{f'{pct(lags[s], .5):,.0f} / {pct(lags[s], .95):,.0f}':>17}" for s in STAGES))
+                          " ".join(f"{f'{percentile(lags[s], .5):,.0f} / {percentile(lags[s], .95):,.0f}':>17}" for s in STAGES))
     print()
     print("targets:")
     for store in stores:
@@ -372,10 +368,10 @@ def print_results(args: Any, stores: list[str], modes: list[str],
 def print_targets(store: str, mode: str, results: dict[tuple[str, str, str], Measured]) -> None:
     strong, weak = results[(store, mode, "strong")], results[(store, mode, "weak")]
     per_hop = [h for h in strong.hops if h != "end to end"]
-    worst50 = max(pct(strong.hops[h], .5) for h in per_hop)
-    worst95 = max(pct(strong.hops[h], .95) for h in per_hop)
-    worst99 = max(pct(strong.hops[h], .99) for h in per_hop)
-    weak50 = max(pct(weak.hops[h], .5) for h in per_hop)
+    worst50 = max(percentile(strong.hops[h], .5) for h in per_hop)
+    worst95 = max(percentile(strong.hops[h], .95) for h in per_hop)
+    worst99 = max(percentile(strong.hops[h], .99) for h in per_hop)
+    weak50 = max(percentile(weak.hops[h], .5) for h in per_hop)
     scope = "" if mode == "continuous" else "  (the targets are continuous mode's; shown for comparison)"
     print(f"  {store} {mode}{scope}")
     print(f"    exactly-once strong, per hop p50 <= {TARGET_STRONG_P50_MS:g} ms: worst hop {worst50:,.1f} ms: "
@@ -390,8 +386,8 @@ def print_targets(store: str, mode: str, results: dict[tuple[str, str, str], Mea
           f"{verdict(weak50 <= TARGET_WEAK_P50_MS)}")
     for label, tag, _ in VARIANTS:
         lags = results[(store, mode, tag)].lags
-        first = pct(lags[STAGES[0]], .5)
-        steps = [pct(lags[b], .5) - pct(lags[a], .5) for a, b in zip(STAGES, STAGES[1:])]
+        first = percentile(lags[STAGES[0]], .5)
+        steps = [percentile(lags[b], .5) - percentile(lags[a], .5) for a, b in zip(STAGES, STAGES[1:])]
         print(f"    {label}: watermark lag p50 at {STAGES[0]} <= {TARGET_LAG_FIRST_MS:,.0f} ms: {first:,.0f} ms: "
               f"{verdict(first <= TARGET_LAG_FIRST_MS)}; each further stage adds <= "
               f"{TARGET_LAG_PER_STAGE_MS:,.0f} ms: " + ", ".join(f"+{s:,.0f}" for s in steps) +
@@ -422,12 +418,12 @@ def compare_progress(args: Any, spark: Any, modes: list[str]) -> None:
         pooled = {on: Measured({h: [v for m in ms for v in m.hops[h]] for h in ms[0].hops}, {},
                                {s: [v for m in ms for v in m.lags[s]] for s in STAGES}, {}, 0)
                   for on, ms in runs.items()}
-        worst = {on: (max(pct(m.hops[h], .5) for h in m.hops if h != "end to end"),
-                      max(pct(m.hops[h], .95) for h in m.hops if h != "end to end")) for on, m in pooled.items()}
+        worst = {on: (max(percentile(m.hops[h], .5) for h in m.hops if h != "end to end"),
+                      max(percentile(m.hops[h], .95) for h in m.hops if h != "end to end")) for on, m in pooled.items()}
         rows = [("worst hop p50", worst[False][0], worst[True][0]), ("worst hop p95", worst[False][1], worst[True][1])]
-        rows += [(f"end to end p{int(q * 100)}", pct(pooled[False].hops["end to end"], q),
-                  pct(pooled[True].hops["end to end"], q)) for q in (.5, .95, .99)]
-        rows += [(f"watermark lag p50 {s}", pct(pooled[False].lags[s], .5), pct(pooled[True].lags[s], .5))
+        rows += [(f"end to end p{int(q * 100)}", percentile(pooled[False].hops["end to end"], q),
+                  percentile(pooled[True].hops["end to end"], q)) for q in (.5, .95, .99)]
+        rows += [(f"watermark lag p50 {s}", percentile(pooled[False].lags[s], .5), percentile(pooled[True].lags[s], .5))
                  for s in STAGES]
         for label, off, on_ in rows:
             print(f"{label:<28} {off:>15,.1f} {on_:>10,.1f} {on_ / off if off else float('nan'):>8.2f}x")

@@ -13,7 +13,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from pipeline_latency import INJECTOR, STAGES, lag_of, pct, peak_rss_of_descendants, producer_batch
+from percentiles import percentile
+from pipeline_latency import INJECTOR, STAGES, lag_of, peak_rss_of_descendants, producer_batch
 
 from headrace.model import END_OF_TIME
 from headrace.store import open_store
@@ -190,8 +191,8 @@ class Sampler:
         row: dict[str, Any] = {"minute": self.minute, "partial": partial, "store_mb": self.size.size_mb(),
                                "wal_mb": self.size.wal_mb()}
         for hop in HOPS:
-            row[f"{hop} p50"], row[f"{hop} p99"] = pct(self.hops[hop], .5), pct(self.hops[hop], .99)
-        row.update({"lag p50": pct(self.lags, .5), "lag max": max(self.lags, default=float("nan")),
+            row[f"{hop} p50"], row[f"{hop} p99"] = percentile(self.hops[hop], .5), percentile(self.hops[hop], .99)
+        row.update({"lag p50": percentile(self.lags, .5), "lag max": max(self.lags, default=float("nan")),
                     "lag late": self.late, "driver_mb": driver,
                     "jvm_mb": sum(mb for name, mb in others if name == "JVM"),
                     "workers_mb": sum(mb for name, mb in others if name.startswith("python"))})

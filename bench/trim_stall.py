@@ -25,6 +25,7 @@ from typing import Any
 
 from headrace.store import open_store
 from headrace.store.monitoring import WHOLE_COMPUTATION
+from percentiles import percentile
 
 READER, STREAM, PRODUCER = "sink:trim", "events", "inject:events"
 
@@ -88,11 +89,6 @@ def one_round(step_batches: int | None, args: Any) -> tuple[float, list[float]]:
         return (ended - started) * 1000, during
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=2000)
@@ -110,8 +106,8 @@ def main() -> None:
             results[name][1].extend(during)
     print(f"{'variant':8} {'trim ms (median)':>17} {'commits':>8} {'commit p50':>11} {'p99':>8} {'max':>8}")
     for name, (took, during) in results.items():
-        print(f"{name:8} {statistics.median(took):17.0f} {len(during):8d} {pct(during, .5):11.1f} "
-              f"{pct(during, .99):8.1f} {max(during, default=float('nan')):8.1f}")
+        print(f"{name:8} {statistics.median(took):17.0f} {len(during):8d} {percentile(during, .5):11.1f} "
+              f"{percentile(during, .99):8.1f} {max(during, default=float('nan')):8.1f}")
     worst = {name: max(d, default=float("nan")) for name, (_, d) in results.items()}
     print(f"worst commit during the trim, steps / bulk: {worst['steps'] / worst['bulk']:.2f}x")
 

@@ -46,9 +46,9 @@ class BusQueries(Connection):
     # -- the journal ------------------------------------------------------------------------------
     def _journal(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
                  routing: Routing | None) -> None:
-        self._x("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (producer, batch, input_watermark, output_watermark, self.now(),
-                 routing.plan if routing else None, routing.since if routing else None))
+        self._write("INSERT INTO batches VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (producer, batch, input_watermark, output_watermark, self.now(),
+                     routing.plan if routing else None, routing.since if routing else None))
 
     def complete_batch(self, producer: str, batch: int, input_watermark: int, output_watermark: int,
                        sequencer: int | None = None, routing: Routing | None = None) -> int:
@@ -193,11 +193,12 @@ class BusQueries(Connection):
                     return
                 raise StaleBatchError(f"Injector {producer!r} is at batch {prev.batch}, past {batch}", got=batch,
                                       hint="resume from the checkpoint the store returns")
-            self._insert_segments(encoded)
-            self._x("INSERT INTO checkpoints VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET position = excluded.position",
-                    (producer, checkpoint))
             wm = max(watermark, prev.output_watermark) if prev else watermark
-            self._journal(producer, batch, wm, wm, routing)  # last: its completed_at is the nearest to the commit
+            with self._together():  # on PostgreSQL one statement of four writes (a round trip each before)
+                self._insert_segments(encoded)
+                self._write("INSERT INTO checkpoints VALUES (?, ?) ON CONFLICT(producer) DO UPDATE SET "
+                            "position = excluded.position", (producer, checkpoint))
+                self._journal(producer, batch, wm, wm, routing)  # last: its completed_at is the nearest to the commit
 
     def _encode_segments(self, producer: str, batch: int, slot: int, records: Mapping[str, Sequence[Production]],
                          schemas: Mapping[str, StreamSchema], routing: Routing | None) -> EncodedSegments:

@@ -136,7 +136,7 @@ class PostgresStore(SQLStore):
         self._sql: dict[str, str] = {}
         self._held: list[tuple[str, Sequence[Any]]] | None = None  # writes held by _together
         self._held_params = self._held_bytes = 0  # their parameters' count and size, kept as they are held
-        self._begun: str | None = None  # a BEGIN held by _begin, to go with the next statement
+        self._begun: list[str] | None = None  # a BEGIN held by _begin (and a lock after it), to go with the next statement
         self._first: dict[str, str | None] = {}  # a first statement's text: its prepared name (None: not preparable)
         try:
             # ``name``: who this connection is, as pg_stat_activity and the server's log show it
@@ -185,19 +185,20 @@ class PostgresStore(SQLStore):
         """Held, to go out in one message with the transaction's first statement (``_x``): a pass's
         commit begins with a read of its intervals' rows, and its ``BEGIN`` was a round trip of
         its own, 8 % of a worker's time at 2,000 records/s."""
-        self._begun = begin
+        self._begun = [begin]
 
     def _send_begin(self) -> None:
         """A held ``BEGIN`` on its own, before a statement that cannot carry it."""
         if self._begun is not None:
-            begin, self._begun = self._begun, None
-            self._db.execute(begin)
+            begun, self._begun = self._begun, None
+            self._db.execute("; ".join(begun))
 
     def _with_begin(self, sql: str, params: Sequence[Any]) -> Any:
-        """``sql`` after the held ``BEGIN``, in one message (the simple query protocol, its
-        parameters quoted into its text), where its parameters are few and plain; else None and
-        nothing sent. The server arms ``idle_in_transaction_session_timeout`` once it has answered
-        both, as after any statement. The statement runs by name where the session has prepared it
+        """``sql`` after the held ``BEGIN`` (and a lock, ``_lock_producer``), in one message (the
+        simple query protocol, its parameters quoted into its text), where its parameters are few
+        and plain; else None and nothing sent. The server arms
+        ``idle_in_transaction_session_timeout`` once it has answered them all, as after any
+        statement. The statement runs by name where the session has prepared it
         (``_first_prepared``), so that the server does not plan it each time (a pass's check of its
         intervals' rows: 94 µs of the server's CPU); else as text, planned afresh."""
         import psycopg
@@ -207,20 +208,23 @@ class PostgresStore(SQLStore):
         items = [item for param in params for item in (param if isinstance(param, list) else (param,))]
         if any(type(item) not in _INLINED_KINDS for item in items) or sum(map(_size, items)) > MAX_INLINED_CHARS:
             return None
-        begin, self._begun = self._begun, None
+        begun, self._begun = self._begun or [], None
+        begin = "; ".join(begun)
         name = self._first_prepared(sql)
         if name is not None:
             arguments = f"({self._quoter.mogrify(', '.join(['%s'] * len(params)), params)})" if params else ""
             try:
                 cur = self._db.execute(f"{begin}; EXECUTE {name}{arguments}", prepare=False)
-                cur.nextset()  # past the BEGIN's result, to the statement's
+                for _ in begun:
+                    cur.nextset()  # past the BEGIN's result (and a lock's), to the statement's
                 return cur
             except psycopg.errors.InvalidSqlStatementName:  # deallocated behind our back: its transaction failed at once
                 self._db.execute("ROLLBACK")
                 self._first.clear()
         text = self._quoter.mogrify(sql.replace("%", "%%").replace("?", "%s"), params)
         cur = self._db.execute(f"{begin}; {text}", prepare=False)  # prepared, it could hold one statement only
-        cur.nextset()
+        for _ in begun:
+            cur.nextset()
         return cur
 
     def _first_prepared(self, sql: str) -> str | None:
@@ -417,7 +421,14 @@ class PostgresStore(SQLStore):
         return woken
 
     def _lock_producer(self, producer: str) -> None:
-        self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))
+        """The producer's lock for this transaction. Right after its ``BEGIN`` it waits to go in one
+        message with them and the statement after it (a producer's last batch: a round trip of its
+        own before), which then reads once the lock is granted: READ COMMITTED takes a snapshot per
+        statement, also within one message."""
+        if self._begun is not None and not self._held:
+            self._begun.append(self._quoter.mogrify("SELECT pg_advisory_xact_lock(hashtext(%s))", (producer,)))
+        else:
+            self._x("SELECT pg_advisory_xact_lock(hashtext(?))", (producer,))
 
     def limit_idle_transactions(self, idle_ms: int) -> None:
         """Have the server end this connection, rolling its transaction back, once the client has

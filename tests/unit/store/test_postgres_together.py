@@ -207,3 +207,117 @@ def test_a_consumers_heads_are_one_statement(store: Any) -> None:
     assert len(sent) == 1 and " UNION ALL " in sent[0], sent
     # interval 1, under the same sequencer, is quiet since it began: batch 0, at the report's watermark
     assert {p: (h.batch, h.output_watermark) for p, h in heads.items()} == {f"{C}/0": (1, 80), f"{C}/1": (0, 80)}
+
+
+def test_an_injectors_batch_is_its_lock_its_last_batch_one_statement_of_writes_and_its_commit(
+        postgres_server: Any) -> None:
+    """The segments, the routed segments, the resume point and the journal entry of a batch go as
+    one statement (they went as four); what it wrote is what they wrote, its NOTIFY included."""
+    from headrace import Computation, Topology, key_by
+    from headrace.engine.publish import publish_injected
+    from headrace.plans import routing_plan
+
+    class Count(Computation):
+        def process_record(self, ctx: Any, record: Any) -> None:
+            ctx.state = (ctx.state or 0) + 1
+
+    t = Topology("published")
+    t.inject("words", [])
+    t.add(Count, "ByWord", inputs={"words": key_by("w")}, shards=2)
+    store = open_store(postgres_server.new_database())
+    listener = open_store(store.url)
+    try:
+        injector = "inject:words"
+        words = [({"w": w}, 100 + i, None) for i, w in enumerate(["ant", "bee", "cat", "dog", "eel"])]
+        listener.wait_for_commits([injector], 0)  # listening from here
+        sent = counted(store)
+        publish_injected(store, injector, 1, "words", words, 100, "resume-1", None, routing_plan(t), 1)
+        # the lock goes with the BEGIN and the read of the last batch, which is prepared on its first use
+        assert [s.split()[0] for s in sent] == ["PREPARE", "BEGIN;", "WITH", "COMMIT"], sent
+        assert sent[1].startswith("BEGIN; SELECT pg_advisory_xact_lock(hashtext('inject:words')); EXECUTE headrace_")
+        assert sent[2].count(" AS (INSERT INTO ") == 3 and ") INSERT INTO batches " in sent[2]
+        assert store.checkpoint(injector) == "resume-1"
+        assert [(b.batch, b.output_watermark) for b in store.batches(injector)] == [(1, 100)]
+        assert [r.value["w"] for _, r in store.read_segments("words", injector, 0, 1)] == [w["w"] for w, *_ in words]
+        routed = [(s.dest, k) for s in store.read_routes("ByWord", [(injector, 0, 1)]) for k in s.seg.keys]
+        assert sorted(k for _, k in routed) == sorted(w["w"] for w, *_ in words) and {d for d, _ in routed} == {0, 1}
+        assert listener.wait_for_commits([injector], 5.0), "the journal entry's NOTIFY did not come"
+        sent.clear()
+        publish_injected(store, injector, 1, "words", words, 100, "resume-1", None, routing_plan(t), 1)
+        assert [s.split()[0] for s in sent] == ["BEGIN;", "COMMIT"], "a batch journaled already writes nothing"
+    finally:
+        listener.close()
+        store.close()
+
+
+def test_a_second_writer_of_a_producer_reads_its_last_batch_only_once_it_holds_the_lock(
+        postgres_server: Any) -> None:
+    """The read that rides in one message with the lock sees what the lock's holder committed: a
+    zombie injector publishing the same batch finds it journaled and writes nothing."""
+    import threading
+    import time
+
+    url = postgres_server.new_database()
+    first, second, watcher = open_store(url), open_store(url), open_store(url)
+    injector = "inject:words"
+    locked, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    real = first._insert_segments
+
+    def held_inside(encoded: Any) -> None:  # the first writer holds the lock here until told to go on
+        locked.set()
+        assert go.wait(30)
+        real(encoded)
+
+    first._insert_segments = held_inside
+
+    def publish(store: Any, word: str) -> None:
+        try:
+            store.publish(injector, 1, {"words": [Production("words", None, {"w": word}, 10, f"{injector}:1:0")]},
+                          10, f"after-{word}")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    a = threading.Thread(target=publish, args=(first, "ant"))
+    b = threading.Thread(target=publish, args=(second, "bee"))
+    try:
+        a.start()
+        assert locked.wait(30)
+        b.start()
+        deadline = time.monotonic() + 30
+        while not watcher._one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+                               "database = (SELECT oid FROM pg_database WHERE datname = current_database())")[0]:
+            assert time.monotonic() < deadline, "the second writer never waited for the producer's lock"
+            time.sleep(0.01)  # polling the server for a state, not ordering: the lock wait is the server's
+        go.set()
+        for thread in (a, b):
+            thread.join(30)
+            assert not thread.is_alive(), "a writer hung"
+        assert errors == []
+        assert [info.batch for info in watcher.batches(injector)] == [1]
+        assert [r.value["w"] for _, r in watcher.read_segments("words", injector, 0, 1)] == ["ant"]
+        assert watcher.checkpoint(injector) == "after-ant"
+    finally:
+        go.set()
+        for thread in (a, b):
+            if thread.ident is not None:
+                thread.join(30)
+        for s in (first, second, watcher):
+            s.close()
+
+
+@pytest.mark.parametrize("producer", ["inject:o'dd", "inject:back\\slash", "inject:100%?$1"])
+def test_a_producers_lock_sent_with_its_begin_is_the_lock_a_bound_parameter_takes(store: Any, producer: str) -> None:
+    """The lock quoted into the message's text locks the same key as the statement with the name
+    bound: a writer of the one and a writer of the other exclude each other."""
+    other = open_store(store.url)
+    try:
+        with store._transaction():
+            store._lock_producer(producer)
+            assert store.latest_batch(producer) is None  # the lock went out with the BEGIN and this read
+            held = other._one("SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+                              "database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+            bound = other._one("SELECT hashtext(?)", (producer,))[0]
+            assert held is not None and held[0] == bound % 2**32
+    finally:
+        other.close()
