@@ -118,7 +118,8 @@ def kill_one_worker(store_url: str, kill: int, watch_s: float) -> str:
     try:
         before = {c: store.interval_owners(c) for c in STAGES}
         victim = before[STAGES[0]][0][0]
-        pids = {name.split(":", 2)[2]: json.loads(value)["pid"] for name, value in store.metas("worker:").items()}
+        # worker:<topology>:<run>:<owner>, the owner <host>:<pid>:task<slot>.<attempt>
+        pids = {name.split(":", 3)[3]: json.loads(value)["pid"] for name, value in store.metas("worker:").items()}
         if victim is None or victim not in pids:
             raise RuntimeError(f"interval 0 of {STAGES[0]} has no live owner with a pid: {before[STAGES[0]]}")
         pid = pids[victim]
@@ -147,7 +148,7 @@ def kill_one_worker(store_url: str, kill: int, watch_s: float) -> str:
         ended = now_ms()
         next_commit = [_next_commit(store, c, i, killed_at) - killed_at for c, i in mine]  # type: ignore[operator]
         pause = {(c, i): _longest_pause(store, c, i, killed_at, ended) for c, i in mine + others}
-        started = [o for o in store.metas("worker:") if o.split(":", 2)[2] not in workers_before]
+        started = [o for o in store.metas("worker:") if o.split(":", 3)[3] not in workers_before]
     finally:
         store.close()
     moved = [x for x in others if x in changed]

@@ -64,6 +64,7 @@ class KafkaBroker:
     def __init__(self, bootstrap_servers: str | None = None):
         self.bootstrap_servers = bootstrap_servers
         self.folder: str | None = None
+        self.jars: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90.0) -> "KafkaBroker":
@@ -71,7 +72,7 @@ class KafkaBroker:
             return self
         if shutil.which("java") is None:
             raise RuntimeError("Java was not found; the Kafka broker needs Java 17+: apt-get install -y openjdk-17-jre-headless")
-        jars = kafka_jars()
+        self.jars = jars = kafka_jars()
         self.folder = tempfile.mkdtemp(prefix="headrace-kafka-")
         port, cport = _free_port(), _free_port()
         config = Path(self.folder) / "server.properties"
@@ -79,14 +80,27 @@ class KafkaBroker:
         classpath = f"{jars}/*"
         subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
                         "-t", _cluster_id(), "-c", str(config)], check=True, capture_output=True)
-        log = open(f"{self.folder}/server.log", "wb")
-        self.process = subprocess.Popen(
-            ["java", "-Xmx512m", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", classpath, "kafka.Kafka", str(config)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._launch()
         self.bootstrap_servers = f"127.0.0.1:{port}"
         self._wait(timeout)
         return self
+
+    def _launch(self) -> None:
+        assert self.folder is not None
+        with open(f"{self.folder}/server.log", "ab") as log:  # the broker keeps its own copy of the handle
+            self.process = subprocess.Popen(
+                ["java", "-Xmx512m", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                 "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", f"{self.jars}/*", "kafka.Kafka",
+                 f"{self.folder}/server.properties"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def restart(self, timeout: float = 90.0) -> None:
+        """SIGKILL the broker, then start it again on its port, from its logs (a broker's host rebooted)."""
+        assert self.process is not None, "only a broker this process started can be restarted"
+        self.process.kill()
+        self.process.wait()
+        self._launch()
+        self._wait(timeout)
 
     def _wait(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient

@@ -16,7 +16,8 @@ import pytest
 
 from headrace.errors import FencedWriterError, OptionError
 from headrace.names import meta
-from headrace.spark.kafka_sink import KafkaSinkWriter, decode_ledger
+from headrace.spark.kafka_lanes import decode_ledger, transient
+from headrace.spark.kafka_sink import KafkaSinkWriter
 from headrace.store import open_store
 
 from .sink_writer import STREAM, TOPOLOGY, spec
@@ -166,7 +167,7 @@ def test_a_live_writer_holds_its_lease_against_a_second(kafka_broker: Any, tmp_p
 
 
 def test_the_ledger_round_trips() -> None:
-    from headrace.spark.kafka_sink import encode_ledger
+    from headrace.spark.kafka_lanes import encode_ledger
 
     positions = {f"Stage/{i}": i * 7 for i in range(64)}
     assert decode_ledger(encode_ledger(positions)) == positions and decode_ledger(None) == {}
@@ -205,3 +206,16 @@ def test_the_driver_thread_flushes_reports_its_positions_and_releases_its_lease(
     nxt = writer(store_url, topic, kafka_broker, lease_ms=60_000).open()
     assert time.monotonic() - began < 30 and nxt.positions == {"inject:things": 4}
     nxt.close()
+
+
+def test_a_broker_away_is_worth_starting_again_and_a_refusal_or_a_fence_is_not() -> None:
+    """``KafkaSink`` starts its producers again after a transient error; anything else stops the run."""
+    from confluent_kafka import KafkaError
+
+    for code in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                 KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS):
+        assert transient(KafkaError(code)), code
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                 KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.PRODUCER_FENCED):
+        assert not transient(KafkaError(code)), code
+    assert not transient(KafkaError(KafkaError._TIMED_OUT, fatal=True))

@@ -21,18 +21,26 @@ previous holder's has run out; then ``init_transactions`` bumps the producer epo
 aborts the old writer's open transaction and makes Kafka refuse anything it sends after. So a zombie
 (a writer paused past its lease, then resumed) cannot commit, whatever it believes.
 
+A broker that goes away (restarts, stalls) does not end the run: a transaction that fails with an
+error of a broker away or busy (``transient``), or whose offsets or commit does not return within
+``TIMEOUT_S`` (librdkafka can wait on a restarted coordinator forever, its own timeout unchecked:
+confluentinc/librdkafka#5456 and #5511), is given up, and the writer starts its lanes again (new
+producers: ``init_transactions`` aborts what the old ones left open) and resumes from the ledger,
+retrying with a growing pause until Kafka answers. A producer stuck inside such a call is left to
+its thread, never used again (one per outage, until the call returns). A fence, a refusal
+(authorization, a message too large) and a value the serializer refuses stop the run.
+
 Each message carries the record id (the key, by default, and the ``headrace.id`` header) so a
 downstream consumer can also dedup, and the record's timestamp in the ``headrace.timestamp`` header.
 """
 
 from __future__ import annotations
 
-import base64
 import json
+import sys
 import threading
 import time
 import uuid
-import zlib
 from contextlib import ExitStack
 from typing import Any
 
@@ -42,22 +50,16 @@ from ..names import kafka_sink_id, meta
 from ..store import open_store
 from ..store.failpoints import failpoint_from_env
 from ..sinkspec import SinkSpec
+from .kafka_lanes import (METADATA_LIMIT, TIMEOUT_S, KafkaCommitError, Lane, abort, decode_ledger, encode_ledger,
+                          transient)
 
-__all__ = ["KafkaSinkWriter", "KafkaSink", "SINK_COMMIT"]
+__all__ = ["KafkaSinkWriter", "KafkaSink", "KafkaCommitError", "SINK_COMMIT"]
 
 SINK_COMMIT = "sink_commit"  # the failpoint step just before a Kafka sink commits its transaction
 MAX_BATCHES = 50  # per producer and transaction, so a writer far behind commits in steps
-TIMEOUT_S = 30.0
 LANES = 2  # transactional producers taking turns
-METADATA_LIMIT = 4096  # the broker's offset.metadata.max.bytes, by default
-
-
-def encode_ledger(positions: dict[str, int]) -> str:
-    return base64.b64encode(zlib.compress(json.dumps(positions, sort_keys=True).encode())).decode()
-
-
-def decode_ledger(text: str | None) -> dict[str, int]:
-    return {str(p): int(b) for p, b in json.loads(zlib.decompress(base64.b64decode(text))).items()} if text else {}
+RETRY_S = (0.5, 10.0)  # pauses before a writer starts its lanes again after a failed transaction: first, most
+FLUSH_RETRY_S = 300.0  # how long a drained run's last write keeps trying through a broker that is away
 
 
 class KafkaSinkWriter:
@@ -66,7 +68,7 @@ class KafkaSinkWriter:
     def __init__(self, topology: str, spec: SinkSpec, store_url: str, owner: str | None = None):
         assert spec.kafka is not None  # parse_sink builds a Kafka sink's spec with its target
         self.spec, self.target = spec, spec.kafka
-        self.lanes = [_Lane(kafka_sink_id(topology, spec.name, i)) for i in range(LANES)]
+        self.lanes = [Lane(kafka_sink_id(topology, spec.name, i)) for i in range(LANES)]
         self.lease_key = meta.sink_lease(topology, spec.name)
         self.owner = owner or uuid.uuid4().hex[:12]
         self.store = open_store(store_url)
@@ -74,6 +76,7 @@ class KafkaSinkWriter:
         self.sequence = 0  # transactions committed under the ledger so far (its offset)
         self.lease_until = 0
         self.failpoint = failpoint_from_env()
+        self.broken = False  # a transaction failed: the lanes start again before the next one (``reopen``)
         self.producers: list[str] = []  # the stream's, refreshed every second
         self._producers_at = 0.0
 
@@ -115,25 +118,40 @@ class KafkaSinkWriter:
     # -- Kafka ----------------------------------------------------------------------------------------
 
     def open(self, stop: threading.Event | None = None) -> "KafkaSinkWriter":
+        """Take the lease (waiting while another writer's is live), fence both lanes, read the ledger."""
+        self._take_lease(stop)
+        return self._start_lanes()
+
+    def _start_lanes(self) -> "KafkaSinkWriter":
         from confluent_kafka import KafkaException
 
-        self._take_lease(stop)
         for lane in self.lanes:
             lane.connect(self.target)
-        self._check_topic(self.lanes[0].producer)  # before anything is fenced
-        for lane in self.lanes:
-            try:
-                lane.fence(self.target)
-            except KafkaException as exc:
-                raise HeadraceError(f"Kafka sink {self.spec.name!r} could not start its transactional producer "
-                                    f"{lane.txn_id!r}", got=exc.args[0].str(),
-                                    hint="check the brokers, and that the sink may use this transactional.id and "
-                                         "consumer group (ACLs); nothing was written") from exc
-        self.positions, self.sequence = self.ledger()
+        try:
+            self._check_topic(self.lanes[0].producer)  # before anything is fenced
+            for lane in self.lanes:
+                try:
+                    lane.fence(self.target)
+                except KafkaException as exc:
+                    error = KafkaCommitError if transient(exc.args[0]) else HeadraceError
+                    raise error(f"Kafka sink {self.spec.name!r} could not start its transactional producer "
+                                f"{lane.txn_id!r}", got=exc.args[0].str(),
+                                hint="check the brokers, and that the sink may use this transactional.id and "
+                                     "consumer group (ACLs); nothing was written") from exc
+            self.positions, self.sequence = self.ledger()
+        except KafkaException as exc:  # the topic's metadata or a ledger not read in time
+            if not transient(exc.args[0]):
+                raise
+            raise KafkaCommitError(f"Kafka sink {self.spec.name!r} could not reach its brokers", got=exc.args[0].str(),
+                                   hint="check the brokers; nothing was written") from exc
+        self.broken = False
         return self
 
     def _check_topic(self, producer: Any) -> None:
         found = producer.list_topics(self.target.topic, timeout=TIMEOUT_S).topics.get(self.target.topic)
+        if found is not None and found.error is not None and transient(found.error):
+            raise KafkaCommitError(f"Kafka topic {self.target.topic!r} of sink {self.spec.name!r} is not served yet",
+                                   got=found.error.str(), hint="check the brokers; nothing was written")
         if found is None or found.error is not None:
             raise OptionError(f"Kafka topic {self.target.topic!r} of sink {self.spec.name!r} was not found",
                               got=getattr(found, "error", None), hint="create the topic first (headrace does not "
@@ -154,6 +172,8 @@ class KafkaSinkWriter:
         """One transaction of what is journaled and not yet written; the records written (0: none)."""
         from confluent_kafka import KafkaException, TopicPartition
 
+        if self.broken:
+            self.reopen()
         todo = self._todo(refresh)
         self._keep_lease()
         if not todo:
@@ -166,19 +186,25 @@ class KafkaSinkWriter:
                                 hint="raise offset.metadata.max.bytes on the brokers, or give the stream's producer "
                                      "fewer intervals")
         lane = self.lanes[self.sequence % LANES]
-        lane.producer.begin_transaction()
         try:
-            n = sum(self._produce(lane.producer, p, after, upto) for p, (after, upto) in sorted(todo.items()))
-            lane.producer.send_offsets_to_transaction(
-                [TopicPartition(self.target.topic, 0, self.sequence + 1, metadata=ledger)],
-                lane.group.consumer_group_metadata(), TIMEOUT_S)
-            if self.failpoint is not None:
-                self.failpoint(SINK_COMMIT)
-            lane.producer.commit_transaction(TIMEOUT_S)
+            lane.producer.begin_transaction()
         except KafkaException as exc:
             raise self._failed(lane, exc.args[0]) from exc
+        try:
+            n = sum(self._produce(lane.producer, p, after, upto) for p, (after, upto) in sorted(todo.items()))
+            lane.within(lane.producer.send_offsets_to_transaction,
+                        [TopicPartition(self.target.topic, 0, self.sequence + 1, metadata=ledger)],
+                        lane.group.consumer_group_metadata(), TIMEOUT_S)
+            if self.failpoint is not None:
+                self.failpoint(SINK_COMMIT)
+            lane.within(lane.producer.commit_transaction, TIMEOUT_S)
+        except KafkaException as exc:
+            raise self._failed(lane, exc.args[0]) from exc
+        except KafkaCommitError:
+            self.broken = True
+            raise
         except BaseException:
-            lane.producer.abort_transaction(TIMEOUT_S)
+            abort(lane)
             raise
         self.positions, self.sequence = positions, self.sequence + 1
         return n
@@ -206,7 +232,7 @@ class KafkaSinkWriter:
             n += 1
         return n
 
-    def _failed(self, lane: "_Lane", error: Any) -> HeadraceError:
+    def _failed(self, lane: "Lane", error: Any) -> HeadraceError:
         from confluent_kafka import KafkaError
 
         if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
@@ -215,10 +241,31 @@ class KafkaSinkWriter:
                                      f"transactional.id {lane.txn_id!r}", got=error.str(),
                                      hint="nothing of this writer's open transaction was committed; the newer writer "
                                           "goes on from the ledger")
-        if error.txn_requires_abort():
-            lane.producer.abort_transaction(TIMEOUT_S)
-        return HeadraceError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
-                             hint="check the brokers and the topic; the sink resumes from its last committed batch")
+        if not transient(error):  # a refusal (authorization, a message too large) comes back every time
+            if error.txn_requires_abort():
+                abort(lane)
+            return HeadraceError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
+                                 hint="check the brokers, the topic and the sink's rights on it; nothing of this "
+                                      "transaction was committed, and the sink resumes from its last committed batch")
+        self.broken = True
+        return KafkaCommitError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
+                                hint="check the brokers; the sink starts its producers again and resumes from its "
+                                     "last committed batch")
+
+    def reopen(self) -> "KafkaSinkWriter":
+        """New lanes in place of the old (a lane stuck inside a call is left to its thread), then
+        ``open``: the new producers' ``init_transactions`` abort what the old left open, and the
+        ledger says where to resume. A writer whose lease another took meanwhile is fenced."""
+        held = self._holder()
+        if held is not None and held["owner"] != self.owner:
+            raise FencedWriterError(f"The Kafka sink {self.spec.name!r} lost its lease to another writer",
+                                    got=held["owner"], hint="another driver took the sink over; this one stops")
+        self._put_lease(self.store.now())
+        old, self.lanes = self.lanes, [Lane(lane.txn_id) for lane in self.lanes]
+        with ExitStack() as closing:
+            for lane in old:
+                closing.callback(lane.close)
+        return self._start_lanes()
 
     def close(self) -> None:
         try:
@@ -230,47 +277,6 @@ class KafkaSinkWriter:
                 closing.callback(self.store.close)
                 for lane in self.lanes:
                     closing.callback(lane.close)
-
-
-class _Lane:
-    """One of a sink's transactional producers, and the consumer group its ledger commits under."""
-
-    def __init__(self, txn_id: str):
-        self.txn_id = txn_id
-        self.producer: Any = None
-        self.group: Any = None
-
-    def connect(self, target: KafkaTarget) -> None:
-        from confluent_kafka import Producer
-
-        # retry.backoff.ms: the coordinator answers CONCURRENT_TRANSACTIONS to a transaction's offsets
-        # until the previous one's markers are written (a few ms); at librdkafka's default backoff each
-        # transaction waited 100 ms for that retry (send_offsets_to_transaction p50 99 ms, at 2 ms 3.9 ms)
-        config = {"linger.ms": 1, "retry.backoff.ms": 2, **target.config, "bootstrap.servers": target.bootstrap_servers,
-                  "transactional.id": self.txn_id, "partitioner": "murmur2_random"}
-        self.producer = Producer(config)
-
-    def fence(self, target: KafkaTarget) -> None:
-        from confluent_kafka import Consumer
-
-        # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced
-        self.producer.init_transactions(TIMEOUT_S)
-        self.group = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
-                               "isolation.level": "read_committed", "enable.auto.commit": False})
-
-    def ledger(self, topic: str) -> tuple[dict[str, int], int]:
-        """This lane's last committed ledger and its offset (0 if it committed none)."""
-        from confluent_kafka import TopicPartition
-
-        committed = self.group.committed([TopicPartition(topic, 0)], timeout=TIMEOUT_S)[0]
-        if committed.offset < 0:
-            return {}, 0
-        return decode_ledger(committed.metadata), committed.offset
-
-    def close(self) -> None:
-        group, self.group = self.group, None
-        if group is not None:
-            group.close()
 
 
 class KafkaSink:
@@ -291,12 +297,22 @@ class KafkaSink:
         return self
 
     def _loop(self) -> None:
+        pause = RETRY_S[0]
         try:
             self.writer.open(self.stopping)
             self.opened.set()
             while not self.stopping.is_set():
-                with self.lock:  # flush() writes from the runner's thread, on the same connections
-                    wrote = self.writer.write_once()
+                try:
+                    with self.lock:  # flush() writes from the runner's thread, on the same connections
+                        wrote = self.writer.write_once()
+                    pause = RETRY_S[0]
+                except KafkaCommitError as exc:  # the next write_once starts the lanes again first
+                    print(f"headrace: {exc}; the Kafka sink starts its producers again in {pause:.1f} s",
+                          file=sys.stderr, flush=True)
+                    if self.stopping.wait(pause):
+                        return
+                    pause = min(2 * pause, RETRY_S[1])
+                    continue
                 if not wrote:  # woken by a producer's commit, or looks again
                     self.waiter.wait_for_commits(self.writer.producers, self.idle_s)
         except BaseException as exc:
@@ -306,12 +322,25 @@ class KafkaSink:
             self.opened.set()
 
     def flush(self) -> None:
-        """Write everything journaled so far (the runner calls it once the topology has drained)."""
+        """Write everything journaled so far (the runner calls it once the topology has drained),
+        through a broker away for up to ``FLUSH_RETRY_S``."""
         self.opened.wait()
         self.check()
-        with self.lock:
-            while self.writer.write_once(refresh=True):
-                pass
+        pause, deadline = RETRY_S[0], time.monotonic() + FLUSH_RETRY_S
+        while True:
+            try:
+                with self.lock:
+                    while self.writer.write_once(refresh=True):
+                        pass
+                return
+            except KafkaCommitError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                print(f"headrace: {exc}; the Kafka sink starts its producers again in {pause:.1f} s",
+                      file=sys.stderr, flush=True)
+                if self.stopping.wait(pause):
+                    raise
+                pause = min(2 * pause, RETRY_S[1])
 
     def written(self) -> dict[str, int] | None:
         return dict(self.writer.positions) if self.opened.is_set() and self.error is None else None
@@ -326,9 +355,12 @@ class KafkaSink:
                             hint="fix the cause and run again: the sink resumes from its last committed batch")
 
     def stop(self) -> None:
+        """Stop the writer thread; its connections are closed once it has ended (a thread inside a
+        start of its lanes may take several of Kafka's timeouts: one left running keeps them)."""
         self.stopping.set()
-        self.thread.join(timeout=TIMEOUT_S)
+        self.thread.join(timeout=4 * TIMEOUT_S)
         try:
-            self.writer.close()
+            if not self.thread.is_alive():
+                self.writer.close()
         finally:
             self.waiter.close()
