@@ -21,7 +21,8 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
         checkpoint_dir: str | None = None, trigger_ms: int | None = None, progress: TextIO | None = sys.stderr,
         timeout_s: float | None = None, spark: Any = None, retention_ms: int | None = None,
         mode: str = "continuous", metrics_port: int | None = None, dashboard_port: int | None = None,
-        ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False, rebalance: bool = True) -> Any:
+        ui: bool = True, py_files: Sequence[str] = (), progress_queries: bool = False, rebalance: bool = True,
+        workers: int | None = None) -> Any:
     """Run ``topology`` on Spark with its state in ``store``.
 
     ``mode="continuous"`` (the default) runs long-lived workers that own key intervals and deliver each record
@@ -40,8 +41,14 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
     ``progress_queries=True`` puts each computation's numbers (watermarks, lag, records, late and
     dead-letter counts) in Spark's streaming progress events through a light query of its own
     (docs/monitoring.md); it is off by default, since in continuous mode it costs a task slot and
-    latency (BENCHMARKS.md).
+    latency (BENCHMARKS.md). ``workers`` (continuous mode) is how many long-lived workers run, each
+    a Spark task that owns key intervals; by default one per task slot the run leaves free (the
+    cluster's slots less those its Spark queries need).
     """
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise OptionError("workers must be a whole number of at least 1", got=workers,
+                          hint="the number of continuous workers, each a Spark task that owns key intervals; leave "
+                               "it out for one per free task slot")
     if mode not in MODES:
         raise OptionError("Unknown execution mode", got=mode,
                           hint="mode='microbatch' (a Spark query per computation) or mode='continuous' "
@@ -58,12 +65,16 @@ def run(topology: Topology, store: str = DEFAULT_STORE_URL, master: str = "local
                                        metrics_port=metrics_port, ui=ui, py_files=py_files,
                                        progress_queries=progress_queries, checkpoint_dir=checkpoint_dir,
                                        trigger_ms=trigger_ms or 200, retention_ms=retention_ms,
-                                       rebalance=rebalance).start()
+                                       rebalance=rebalance, workers=workers).start()
     else:
         if rebalance is not True:
             raise OptionError("rebalance=False applies to continuous mode only", got=rebalance,
                               hint="micro-batch mode has no live rebalancing: leave rebalance out, or run "
                                    "mode='continuous'")
+        if workers is not None:
+            raise OptionError("workers applies to continuous mode only", got=workers,
+                              hint="micro-batch mode runs a Spark query per computation, a task per key shard: "
+                                   "leave workers out, or run mode='continuous'")
         from .spark.runner import MicroBatchRunner
 
         runner = MicroBatchRunner(topology, store, master, checkpoint_dir=checkpoint_dir, trigger_ms=trigger_ms or 200,

@@ -65,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--no-ui", action="store_true", help="turn Spark's web UI off (it is on, and its URL printed)")
     p_run.add_argument("--no-rebalance", action="store_true",
                        help="continuous mode: keep every interval where it is claimed (no live rebalancing)")
+    p_run.add_argument("--workers", type=int, default=None,
+                       help="continuous mode: how many workers (Spark tasks owning key intervals); "
+                            "default one per free task slot")
     p_wm = sub.add_parser("watermarks", help="show the journaled low watermark of every stage")
     p_wm.add_argument("--store", default=DEFAULT_STORE_URL)
     p_wm.add_argument("--json", action="store_true")
@@ -105,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          mode=args.mode, metrics_port=args.metrics_port,
                          dashboard_port=None if args.no_dashboard else args.dashboard_port, progress=sys.stderr,
                          ui=not args.no_ui, py_files=[*([package] if package else []), *args.py_files],
-                         progress_queries=args.progress_queries, rebalance=not args.no_rebalance)
+                         progress_queries=args.progress_queries, rebalance=not args.no_rebalance,
+                         workers=args.workers)
             print(f"drained in {result.elapsed_s:.1f} s: " + ", ".join(
                 f"{n}: {s.batches} batches, {s.counters.get('records', 0)} records" for n, s in result.stats.items()))
         elif args.command == "dashboard":

@@ -129,6 +129,27 @@ def test_continuous_workers_are_the_tasks_of_one_running_spark_job(spark: Any, s
         "the workers released their intervals")
 
 
+def test_run_takes_the_number_of_workers_and_runs_that_many_tasks(spark: Any, store_url: str,
+                                                                opened: Callable[[str], Store]) -> None:
+    """``run(..., workers=1)`` on a session of two slots: one worker task owns all four intervals."""
+    from headrace import run
+
+    topology = Topology("one_worker")
+    topology.inject("events", injectors.generator(endless, count=400, timestamp="ts", rate=2_000, batch_size=20))
+    topology.add(CountPerKey, inputs={"events": key_by("key")}, outputs=[], shards=4)
+    tracker = spark.sparkContext.statusTracker()
+    earlier_jobs = set(tracker.getJobIdsForGroup(JOB_GROUP))
+    run(topology, store=store_url, spark=spark, progress=None, mode="continuous", workers=1)
+    jobs = set(tracker.getJobIdsForGroup(JOB_GROUP)) - earlier_jobs
+    assert len(jobs) == 1, f"one background job in {JOB_GROUP!r}: {jobs}"
+    stages = tracker.getJobInfo(jobs.pop()).stageIds
+    assert [tracker.getStageInfo(s).numTasks for s in stages] == [1], "one worker task, though two slots were free"
+    store = opened(store_url)
+    codec = topology.computations["CountPerKey"].options.codec
+    counts = {f"k{k}": codec.decode(store.state("CountPerKey", f"k{k}")) for k in range(17)}
+    assert counts == dict(Counter(endless(i)["key"] for i in range(400)))
+
+
 # -- 2. a worker paused past its lease --------------------------------------------------------------
 
 STAGES = ("WindowCounter", "BucketTotals", "BusiestBucketPerTenSeconds")

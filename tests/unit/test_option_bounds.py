@@ -40,3 +40,25 @@ def test_good_options_still_pass() -> None:
 def test_a_name_with_a_newline_is_refused(name: str) -> None:
     with pytest.raises(TopologyError, match=r"name must be a short identifier"):
         Topology(name)
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, "2", True])
+def test_a_number_of_workers_that_is_not_a_whole_number_of_at_least_one_is_refused_before_spark_starts(
+        workers: Any) -> None:
+    from headrace import run
+
+    t = Topology("w")
+    t.inject("s", [])
+    with pytest.raises(OptionError, match=rf"workers must be a whole number of at least 1 \(got {workers!r}\)\. "
+                                          r"Hint: the number of continuous workers"):
+        run(t, store="sqlite:///unused.db", workers=workers, spark=object())
+
+
+def test_workers_in_micro_batch_mode_is_refused_not_ignored() -> None:
+    from headrace import run
+
+    t = Topology("w")
+    t.inject("s", [])
+    with pytest.raises(OptionError, match=r"workers applies to continuous mode only \(got 2\)\. Hint: micro-batch "
+                                          r"mode runs a Spark query per computation"):
+        run(t, store="sqlite:///unused.db", mode="microbatch", workers=2, spark=object())
