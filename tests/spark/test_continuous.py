@@ -150,6 +150,21 @@ def test_run_takes_the_number_of_workers_and_runs_that_many_tasks(spark: Any, st
     assert counts == dict(Counter(endless(i)["key"] for i in range(400)))
 
 
+def test_more_workers_than_free_task_slots_are_refused_before_anything_starts(spark: Any, store_url: str,
+                                                                              opened: Callable[[str], Store]) -> None:
+    from headrace import run
+    from headrace.errors import OptionError
+
+    topology = Topology("too_many_workers")
+    topology.inject("events", injectors.generator(endless, count=40, timestamp="ts", batch_size=20))
+    topology.add(CountPerKey, inputs={"events": key_by("key")}, outputs=[], shards=4)
+    with pytest.raises(OptionError, match=r"workers=3 is more than the 2 task slots this run leaves free \(got 3\)\. "
+                                          r"Hint: the session has 2 task slots, and a worker holds its slot for the "
+                                          r"whole run: ask for at most 2 workers, or give Spark more cores"):
+        run(topology, store=store_url, spark=spark, progress=None, mode="continuous", workers=3)
+    assert opened(store_url).batches("inject:events") == [], "the injector started"
+
+
 # -- 2. a worker paused past its lease --------------------------------------------------------------
 
 STAGES = ("WindowCounter", "BucketTotals", "BusiestBucketPerTenSeconds")

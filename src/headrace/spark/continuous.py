@@ -31,7 +31,7 @@ from ..store import open_store
 from ..topology import Topology
 from .driver import Driver, RunResult, check_start
 from .sinks import spark_sinks
-from .inject import DataFrameInjector
+from .inject import is_streaming_dataframe
 from .progress import start_progress
 from .query import QueryStats, failure_detail
 from .rebalancing import Rebalancer
@@ -246,11 +246,25 @@ class ContinuousRunner(Driver):
         """Worker slots: the cluster's task slots less one per streaming-DataFrame injector and one
         that the sinks and the progress queries share (their queries need a slot to run; a
         progress batch is one short task), and at least one."""
-        if self.workers is not None:
-            return self.workers
-        reserved = sum(isinstance(i, DataFrameInjector) for i in self.injectors.values()) + bool(
+        return self.workers if self.workers is not None else self._free_slots()
+
+    def _free_slots(self) -> int:
+        reserved = sum(is_streaming_dataframe(i.source) for i in self.topology.injections.values()) + bool(
             spark_sinks(self.topology) or self.with_progress)
         return max(1, self.spark.sparkContext.defaultParallelism - reserved)
+
+    def _check_session(self) -> None:
+        """More workers than the slots the run leaves free would wait for a slot for good (a
+        worker's task never ends), and the run's Spark queries (sinks, streaming-DataFrame
+        injectors, progress) might find none."""
+        if self.workers is not None and self.workers > (free := self._free_slots()):
+            total = self.spark.sparkContext.defaultParallelism
+            taken = "" if free == total else f", of which the run's Spark queries (sinks, streaming-DataFrame " \
+                                             f"injectors, progress) need {total - free}"
+            raise OptionError(f"workers={self.workers} is more than the {free} task slots this run leaves free",
+                              got=self.workers, hint=f"the session has {total} task slots{taken}, and a worker "
+                                                     f"holds its slot for the whole run: ask for at most {free} "
+                                                     "workers, or give Spark more cores")
 
     def _run_job(self) -> None:
         sc = self.spark.sparkContext

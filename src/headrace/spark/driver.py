@@ -155,6 +155,7 @@ class Driver:
         if self.spark is None:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",
                                        conf=jdbc_jars(self.topology), ui=self.ui)
+        self._check_session()
         url = ui_url(self.spark)
         if self.progress is not None and url:
             print(f"headrace: Spark UI at {url}", file=self.progress, flush=True)
@@ -177,6 +178,9 @@ class Driver:
 
     def _start_computations(self) -> None:
         raise NotImplementedError
+
+    def _check_session(self) -> None:
+        """Refuse options the session cannot serve, before anything starts."""
 
     def _check_computations(self) -> None:
         raise NotImplementedError
