@@ -307,9 +307,7 @@ class KafkaSink:
                         wrote = self.writer.write_once()
                     pause = RETRY_S[0]
                 except KafkaCommitError as exc:  # the next write_once starts the lanes again first
-                    print(f"headrace: {exc}; the Kafka sink starts its producers again in {pause:.1f} s",
-                          file=sys.stderr, flush=True)
-                    if self.stopping.wait(pause):
+                    if not self._waited(exc, pause):
                         return
                     pause = min(2 * pause, RETRY_S[1])
                     continue
@@ -334,13 +332,15 @@ class KafkaSink:
                         pass
                 return
             except KafkaCommitError as exc:
-                if time.monotonic() > deadline:
-                    raise
-                print(f"headrace: {exc}; the Kafka sink starts its producers again in {pause:.1f} s",
-                      file=sys.stderr, flush=True)
-                if self.stopping.wait(pause):
+                if time.monotonic() > deadline or not self._waited(exc, pause):
                     raise
                 pause = min(2 * pause, RETRY_S[1])
+
+    def _waited(self, exc: KafkaCommitError, pause: float) -> bool:
+        """Say why a transaction was given up, then wait ``pause`` s; False if the sink stopped meanwhile."""
+        print(f"headrace: {exc}; the Kafka sink starts its producers again in {pause:.1f} s", file=sys.stderr,
+              flush=True)
+        return not self.stopping.wait(pause)
 
     def written(self) -> dict[str, int] | None:
         return dict(self.writer.positions) if self.opened.is_set() and self.error is None else None
