@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,20 @@ WRITER = Path(__file__).with_name("sink_writer.py")
 
 def writer(store_url: str, topic: str, broker: Any, lease_ms: int = 1_000) -> KafkaSinkWriter:
     return KafkaSinkWriter(TOPOLOGY, spec(topic, broker.bootstrap_servers, lease_ms), store_url)
+
+
+def opened(w: KafkaSinkWriter) -> KafkaSinkWriter:
+    """``w.open()``, tried again as the driver's sink thread does while a fresh broker's group
+    coordinator loads (test_the_driver_thread_waits_for_a_broker_that_cannot_read_its_ledger_yet)."""
+    from headrace.spark.kafka_sink import KafkaCommitError
+
+    for _ in range(20):
+        try:
+            return w.reopen() if w.broken else w.open()
+        except KafkaCommitError:
+            w.broken = True
+            time.sleep(0.5)
+    return w.reopen()
 
 
 def drain(w: KafkaSinkWriter) -> None:
@@ -145,6 +160,43 @@ def test_a_zombie_writer_paused_past_its_lease_cannot_commit(kafka_broker: Any, 
     successor.close()
 
 
+def test_a_transaction_older_than_its_timeout_is_written_again_by_the_same_writer(kafka_broker: Any,
+                                                                                   tmp_path: Path) -> None:
+    """The broker aborts a transaction older than ``transaction.timeout.ms`` and librdkafka reports
+    the producer fenced; no other writer holds the lease, so the writer starts its producers again."""
+    from headrace.spark.kafka_sink import SINK_COMMIT, KafkaCommitError
+
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
+    ids = publish(store_url, STREAM, range(1, 3), per_batch=10)
+    # the sink owns transaction.timeout.ms (librdkafka's 60 s, past its calls' 31 s: a driver paused a minute
+    # outlives it); a second here, so that the test need not wait a minute
+    sink = spec(topic, kafka_broker.bootstrap_servers, 60_000)
+    assert sink.kafka is not None
+    sink = replace(sink, kafka=replace(sink.kafka, config={"transaction.timeout.ms": 1_000}))
+    w = opened(KafkaSinkWriter(TOPOLOGY, sink, store_url))
+    held: list[str] = []
+
+    def hold_once(step: str) -> None:  # the tests' broker aborts timed-out transactions every 2 s
+        if step == SINK_COMMIT and not held:
+            held.append(step)
+            time.sleep(4.5)
+
+    w.failpoint = hold_once
+    with pytest.raises(KafkaCommitError, match=r"^Kafka fenced the transactional producer 'headrace:sinktest:out' of "
+                                               r"sink 'out', and no other writer holds the sink's lease \(got .+\)\. "
+                                               r"Hint: the broker aborted a transaction older than its "
+                                               r"transaction\.timeout\.ms, or a writer that replaced this one has "
+                                               r"stopped; nothing of it was committed"):
+        w.write_once(refresh=True)
+    assert held and w.broken and w.positions == {}
+    assert read_topic(kafka_broker.bootstrap_servers, topic) == []
+    ids += publish(store_url, STREAM, range(3, 5), per_batch=10)
+    drain(w)  # starts its producers again first
+    assert not w.broken and w.positions == {"inject:things": 4}
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    w.close()
+
+
 def test_a_topic_that_does_not_exist_is_named_before_anything_is_fenced(kafka_broker: Any, tmp_path: Path) -> None:
     w = writer(f"sqlite:///{tmp_path}/store.db", "no-such-topic", kafka_broker)
     with pytest.raises(OptionError, match=r"^Kafka topic 'no-such-topic' of sink 'out' was not found .*"
@@ -206,6 +258,37 @@ def test_the_driver_thread_flushes_reports_its_positions_and_releases_its_lease(
     nxt = writer(store_url, topic, kafka_broker, lease_ms=60_000).open()
     assert time.monotonic() - began < 30 and nxt.positions == {"inject:things": 4}
     nxt.close()
+
+
+def test_the_driver_thread_waits_for_a_broker_that_cannot_read_its_ledger_yet(kafka_broker: Any, tmp_path: Path,
+                                                                             capfd: Any) -> None:
+    """A broker just started answered the ledger's read NOT_COORDINATOR (its offsets' coordinator
+    still loading) in one start of three here: the sink's start is tried again, not the run failed."""
+    from headrace.spark.kafka_sink import KafkaCommitError, KafkaSink
+
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic(partitions=2)
+    ids = publish(store_url, STREAM, range(1, 3), per_batch=15)
+    sink = KafkaSink(TOPOLOGY, spec(topic, kafka_broker.bootstrap_servers, 60_000), store_url)
+    start_lanes, refused = sink.writer._start_lanes, []
+
+    def not_served_yet() -> KafkaSinkWriter:
+        if not refused:
+            refused.append(True)
+            raise KafkaCommitError("Kafka sink 'out' could not reach its brokers",
+                                   got="Failed to get committed offsets: Broker: Not coordinator",
+                                   hint="check the brokers; nothing was written")
+        return start_lanes()
+
+    sink.writer._start_lanes = not_served_yet  # type: ignore[method-assign]
+    sink.start()
+    sink.flush()
+    sink.check()
+    assert refused and sink.written() == {"inject:things": 2}
+    sink.stop()
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    assert ("headrace: Kafka sink 'out' could not reach its brokers (got 'Failed to get committed offsets: Broker: "
+            "Not coordinator'). Hint: check the brokers; nothing was written; the Kafka sink starts its producers "
+            "again in 0.5 s") in capfd.readouterr().err
 
 
 def test_a_broker_away_is_worth_starting_again_and_a_refusal_or_a_fence_is_not() -> None:

@@ -27,8 +27,11 @@ error of a broker away or busy (``transient``), or whose offsets or commit does 
 confluentinc/librdkafka#5456 and #5511), is given up, and the writer starts its lanes again (new
 producers: ``init_transactions`` aborts what the old ones left open) and resumes from the ledger,
 retrying with a growing pause until Kafka answers. A producer stuck inside such a call is left to
-its thread, never used again (one per outage, until the call returns). A fence, a refusal
-(authorization, a message too large) and a value the serializer refuses stop the run.
+its thread, never used again (one per outage, until the call returns). A fence stops the run when
+another writer holds the lease; without one, it is the broker aborting a transaction older than
+``transaction.timeout.ms`` (librdkafka reports that as a fence too), and the writer starts its lanes
+again as after an outage. A refusal (authorization, a message too large) and a value the serializer
+refuses stop the run.
 
 Each message carries the record id (the key, by default, and the ``headrace.id`` header) so a
 downstream consumer can also dedup, and the record's timestamp in the ``headrace.timestamp`` header.
@@ -235,13 +238,9 @@ class KafkaSinkWriter:
     def _failed(self, lane: "Lane", error: Any) -> HeadraceError:
         from confluent_kafka import KafkaError
 
-        if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                             KafkaError.INVALID_PRODUCER_EPOCH):
-            return FencedWriterError(f"Kafka fenced the writer of sink {self.spec.name!r}: a newer writer took its "
-                                     f"transactional.id {lane.txn_id!r}", got=error.str(),
-                                     hint="nothing of this writer's open transaction was committed; the newer writer "
-                                          "goes on from the ledger")
-        if not transient(error):  # a refusal (authorization, a message too large) comes back every time
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+            return self._fenced(lane, error)
+        if error.fatal() or not transient(error):  # a refusal (authorization, a message too large) comes back
             if error.txn_requires_abort():
                 abort(lane)
             return HeadraceError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
@@ -251,6 +250,23 @@ class KafkaSinkWriter:
         return KafkaCommitError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
                                 hint="check the brokers; the sink starts its producers again and resumes from its "
                                      "last committed batch")
+
+    def _fenced(self, lane: "Lane", error: Any) -> HeadraceError:
+        """A fence stops the writer only if another writer holds the lease. librdkafka reports a
+        transaction the broker aborted for outliving ``transaction.timeout.ms`` as a fence too
+        (the coordinator bumps the epoch), and a writer still holding its lease starts again."""
+        held = self._holder()
+        if held is not None and held["owner"] != self.owner:
+            return FencedWriterError(f"Kafka fenced the writer of sink {self.spec.name!r}: a newer writer took its "
+                                     f"transactional.id {lane.txn_id!r}", got=error.str(),
+                                     hint="nothing of this writer's open transaction was committed; the newer writer "
+                                          "goes on from the ledger")
+        self.broken = True
+        return KafkaCommitError(f"Kafka fenced the transactional producer {lane.txn_id!r} of sink "
+                                f"{self.spec.name!r}, and no other writer holds the sink's lease", got=error.str(),
+                                hint="the broker aborted a transaction older than its transaction.timeout.ms, or a "
+                                     "writer that replaced this one has stopped; nothing of it was committed, and the "
+                                     "sink starts its producers again and resumes from its last committed batch")
 
     def reopen(self) -> "KafkaSinkWriter":
         """New lanes in place of the old (a lane stuck inside a call is left to its thread), then
@@ -299,7 +315,15 @@ class KafkaSink:
     def _loop(self) -> None:
         pause = RETRY_S[0]
         try:
-            self.writer.open(self.stopping)
+            while True:  # a broker not serving yet (its group coordinator loading, say) is waited for
+                try:
+                    self.writer.reopen() if self.writer.broken else self.writer.open(self.stopping)
+                    break
+                except KafkaCommitError as exc:
+                    self.writer.broken = True
+                    if not self._waited(exc, pause):
+                        return
+                    pause = min(2 * pause, RETRY_S[1])
             self.opened.set()
             while not self.stopping.is_set():
                 try:
