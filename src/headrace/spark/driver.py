@@ -39,6 +39,7 @@ from .progress import StatusQuery, check_progress_queries, flush_progress, start
 from .query import QueryStats, Restartable, failure_detail
 from .session import spark_session, ui_url
 from .shipping import prepare_user_code
+from .budget import FailureBudget
 from .checkpoints import checkpoint_root
 from .kafka_sink import KafkaSink
 from .sinks import SinkQuery, jdbc_jars, start_sinks
@@ -66,20 +67,6 @@ def claim_mode(store: Store, topology: Topology, mode: str) -> None:
 
 
 FRUITLESS_RESTARTS = 3  # a query restarted this often without completing a batch stays failed
-
-
-class FailureBudget:
-    """How often a run takes a failure that is not headrace's (a Spark task or a Python process
-    that died) and goes on: ``limit`` in ``window_s`` seconds, then the failure stands."""
-
-    def __init__(self, limit: int = 10, window_s: float = 60.0):
-        self.limit, self.window_s = limit, window_s
-        self.spent: list[float] = []
-
-    def spend(self, now: float) -> bool:
-        """One more failure at ``now`` (monotonic seconds); False once the budget is gone."""
-        self.spent = [t for t in self.spent if now - t < self.window_s] + [now]
-        return len(self.spent) < self.limit
 
 
 def check_start(start: Any) -> None:
@@ -271,11 +258,12 @@ class Driver:
                 consumer = consumer_of(self.topology, name, self.mode)
                 readers[name] = {s: [*ps, *self._declared_parts(s, ps)] for s, ps in consumer.producers.items()}
         for sink in self.sinks:
+            # a sink not started yet (waiting for its lease or its broker) holds what it last recorded
             written = sink.written()
             if written is not None:
                 self.store.record_positions(sink_reader(sink.spec.name), WHOLE_COMPUTATION, written)
-                stream = sink.spec.stream
-                readers[sink_reader(sink.spec.name)] = {stream: [*self.producers(stream), *self._declared_parts(stream, [])]}
+            stream = sink.spec.stream
+            readers[sink_reader(sink.spec.name)] = {stream: [*self.producers(stream), *self._declared_parts(stream, [])]}
         windows = {s: self.topology.retention.get(s, self.retention_ms) for s in self.topology.streams()}
         return self.store.trim(readers, windows, self.store.now())
 

@@ -17,11 +17,12 @@ from typing import Any, Callable
 from ..errors import HeadraceError
 from ..kafka_target import KafkaTarget
 
-__all__ = ["KafkaCommitError", "Lane", "TIMEOUT_S", "METADATA_LIMIT", "abort", "transient", "encode_ledger",
-           "decode_ledger"]
+__all__ = ["KafkaCommitError", "Lane", "TIMEOUT_S", "METADATA_LIMIT", "abort", "transient", "loading",
+           "encode_ledger", "decode_ledger"]
 
 TIMEOUT_S = 30.0  # a transactional call's, and a look's
-# errors of a broker away or busy (else a fence, a refusal: authorization, a message too large, which stop the run)
+# errors of a broker away or busy (else a fence, which the sink weighs against its lease, or a refusal:
+# authorization, a message too large, which stops the run)
 _TRANSIENT = frozenset({"_TIMED_OUT", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_MSG_TIMED_OUT", "_TIMED_OUT_QUEUE",
                         "_WAIT_COORD", "_RESOLVE", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "NOT_COORDINATOR",
                         "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS", "BROKER_NOT_AVAILABLE",
@@ -41,6 +42,17 @@ def transient(error: Any) -> bool:
 
     codes = {getattr(KafkaError, name) for name in _TRANSIENT if hasattr(KafkaError, name)}
     return not error.fatal() and (error.retriable() or error.code() in codes)
+
+
+def loading(cause: BaseException | None) -> bool:
+    """Whether a failed start of the lanes met a broker that answers but is not ready yet (a
+    broker just started answered the ledger's read NOT_COORDINATOR in one start of three here),
+    rather than one away or misnamed."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    return isinstance(cause, KafkaException) and cause.args[0].code() in (
+        KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.CONCURRENT_TRANSACTIONS, KafkaError.LEADER_NOT_AVAILABLE)
 
 
 METADATA_LIMIT = 4096  # the broker's offset.metadata.max.bytes, by default

@@ -27,11 +27,12 @@ error of a broker away or busy (``transient``), or whose offsets or commit does 
 confluentinc/librdkafka#5456 and #5511), is given up, and the writer starts its lanes again (new
 producers: ``init_transactions`` aborts what the old ones left open) and resumes from the ledger,
 retrying with a growing pause until Kafka answers. A producer stuck inside such a call is left to
-its thread, never used again (one per outage, until the call returns). A fence stops the run when
-another writer holds the lease; without one, it is the broker aborting a transaction older than
+its thread, never used again (one per outage, until the call returns). A fence stops the run
+unless the writer still holds its lease: then it is the broker aborting a transaction older than
 ``transaction.timeout.ms`` (librdkafka reports that as a fence too), and the writer starts its lanes
-again as after an outage. A refusal (authorization, a message too large) and a value the serializer
-refuses stop the run.
+again as after an outage, up to three times in ten minutes. A refusal (authorization, a message too
+large) and a value the serializer refuses stop the run. A sink's start waits for a broker that
+answers but is not ready (its coordinators loading) for up to ``FLUSH_RETRY_S``.
 
 Each message carries the record id (the key, by default, and the ``headrace.id`` header) so a
 downstream consumer can also dedup, and the record's timestamp in the ``headrace.timestamp`` header.
@@ -53,8 +54,9 @@ from ..names import kafka_sink_id, meta
 from ..store import open_store
 from ..store.failpoints import failpoint_from_env
 from ..sinkspec import SinkSpec
+from .budget import FailureBudget
 from .kafka_lanes import (METADATA_LIMIT, TIMEOUT_S, KafkaCommitError, Lane, abort, decode_ledger, encode_ledger,
-                          transient)
+                          loading, transient)
 
 __all__ = ["KafkaSinkWriter", "KafkaSink", "KafkaCommitError", "SINK_COMMIT"]
 
@@ -80,6 +82,7 @@ class KafkaSinkWriter:
         self.lease_until = 0
         self.failpoint = failpoint_from_env()
         self.broken = False  # a transaction failed: the lanes start again before the next one (``reopen``)
+        self.fences = FailureBudget(limit=3, window_s=600.0)  # fences taken with the lease its own
         self.producers: list[str] = []  # the stream's, refreshed every second
         self._producers_at = 0.0
 
@@ -151,10 +154,13 @@ class KafkaSinkWriter:
         return self
 
     def _check_topic(self, producer: Any) -> None:
+        from confluent_kafka import KafkaException
+
         found = producer.list_topics(self.target.topic, timeout=TIMEOUT_S).topics.get(self.target.topic)
         if found is not None and found.error is not None and transient(found.error):
             raise KafkaCommitError(f"Kafka topic {self.target.topic!r} of sink {self.spec.name!r} is not served yet",
-                                   got=found.error.str(), hint="check the brokers; nothing was written")
+                                   got=found.error.str(), hint="check the brokers; nothing was written") \
+                from KafkaException(found.error)
         if found is None or found.error is not None:
             raise OptionError(f"Kafka topic {self.target.topic!r} of sink {self.spec.name!r} was not found",
                               got=getattr(found, "error", None), hint="create the topic first (headrace does not "
@@ -238,9 +244,11 @@ class KafkaSinkWriter:
     def _failed(self, lane: "Lane", error: Any) -> HeadraceError:
         from confluent_kafka import KafkaError
 
-        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        # _FATAL: what produce() says once the producer was fenced
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+                            KafkaError._FATAL):
             return self._fenced(lane, error)
-        if error.fatal() or not transient(error):  # a refusal (authorization, a message too large) comes back
+        if not transient(error):  # a refusal (authorization, a message too large) comes back every time
             if error.txn_requires_abort():
                 abort(lane)
             return HeadraceError(f"Kafka sink {self.spec.name!r} could not commit a transaction", got=error.str(),
@@ -252,30 +260,37 @@ class KafkaSinkWriter:
                                      "last committed batch")
 
     def _fenced(self, lane: "Lane", error: Any) -> HeadraceError:
-        """A fence stops the writer only if another writer holds the lease. librdkafka reports a
-        transaction the broker aborted for outliving ``transaction.timeout.ms`` as a fence too
-        (the coordinator bumps the epoch), and a writer still holding its lease starts again."""
+        """A fence stops the writer unless it still holds its lease: librdkafka reports a
+        transaction the broker aborted for outliving ``transaction.timeout.ms`` as a fence too (the
+        coordinator bumps the epoch), and then the writer starts again, a few times in a while."""
         held = self._holder()
-        if held is not None and held["owner"] != self.owner:
+        if held is None or held["owner"] != self.owner:
             return FencedWriterError(f"Kafka fenced the writer of sink {self.spec.name!r}: a newer writer took its "
                                      f"transactional.id {lane.txn_id!r}", got=error.str(),
                                      hint="nothing of this writer's open transaction was committed; the newer writer "
                                           "goes on from the ledger")
+        if not self.fences.spend(time.monotonic()):
+            return HeadraceError(f"Kafka fenced the writer of sink {self.spec.name!r} {self.fences.limit} times in "
+                                 f"{self.fences.window_s / 60:.0f} minutes with its lease its own", got=error.str(),
+                                 hint="its transactions outlive the producers' transaction.timeout.ms, or a driver on "
+                                      "another store runs a topology of the same name into this Kafka cluster (the "
+                                      "transactional.id is made of the topology's and the sink's names): give it "
+                                      "another name")
         self.broken = True
         return KafkaCommitError(f"Kafka fenced the transactional producer {lane.txn_id!r} of sink "
-                                f"{self.spec.name!r}, and no other writer holds the sink's lease", got=error.str(),
-                                hint="the broker aborted a transaction older than its transaction.timeout.ms, or a "
-                                     "writer that replaced this one has stopped; nothing of it was committed, and the "
-                                     "sink starts its producers again and resumes from its last committed batch")
+                                f"{self.spec.name!r}, and the sink's lease is still its own", got=error.str(),
+                                hint="the broker aborted a transaction older than its transaction.timeout.ms (a "
+                                     "driver paused that long); nothing of it was committed, and the sink starts its "
+                                     "producers again and resumes from its last committed batch")
 
     def reopen(self) -> "KafkaSinkWriter":
         """New lanes in place of the old (a lane stuck inside a call is left to its thread), then
         ``open``: the new producers' ``init_transactions`` abort what the old left open, and the
         ledger says where to resume. A writer whose lease another took meanwhile is fenced."""
         held = self._holder()
-        if held is not None and held["owner"] != self.owner:
+        if held is None or held["owner"] != self.owner:
             raise FencedWriterError(f"The Kafka sink {self.spec.name!r} lost its lease to another writer",
-                                    got=held["owner"], hint="another driver took the sink over; this one stops")
+                                    got=held and held["owner"], hint="another driver took the sink over; this one stops")
         self._put_lease(self.store.now())
         old, self.lanes = self.lanes, [Lane(lane.txn_id) for lane in self.lanes]
         with ExitStack() as closing:
@@ -315,11 +330,17 @@ class KafkaSink:
     def _loop(self) -> None:
         pause = RETRY_S[0]
         try:
-            while True:  # a broker not serving yet (its group coordinator loading, say) is waited for
+            deadline = time.monotonic() + FLUSH_RETRY_S
+            while True:
                 try:
-                    self.writer.reopen() if self.writer.broken else self.writer.open(self.stopping)
+                    if self.writer.broken:
+                        self.writer.reopen()
+                    else:
+                        self.writer.open(self.stopping)
                     break
-                except KafkaCommitError as exc:
+                except KafkaCommitError as exc:  # a broker that answers but is not ready yet is waited for
+                    if not loading(exc.__cause__) or time.monotonic() > deadline:
+                        raise
                     self.writer.broken = True
                     if not self._waited(exc, pause):
                         return
