@@ -73,17 +73,18 @@ class CountIds(Computation):
         pass
 
 
-@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
-def test_a_stream_injected_at_least_once_is_deduplicated_by_record_id(spark: Any, store_url: str,
-                                                                      delivery: str) -> None:
+@pytest.mark.parametrize(("delivery", "mode"), [("at_least_once", "continuous"), ("exactly_once", "continuous"),
+                                               ("at_least_once", "microbatch")])
+def test_a_stream_injected_at_least_once_is_deduplicated_by_record_id(spark: Any, store_url: str, delivery: str,
+                                                                      mode: str) -> None:
     # a source that sends some records again, with the same id, in later batches (as after a retry)
     events = [{"user": f"u{i % 7}", "ts": 1_000 + i, "id": f"e{i}"} for i in range(300)]
     repeats = [dict(e) for e in events[::10]]
-    t = Topology(f"repeats_{delivery}")
+    t = Topology(f"repeats_{delivery}_{mode}")
     t.inject("events", injectors.records(events + repeats, timestamp="ts", id=lambda v: v["id"], batch_size=50),
              delivery=delivery)
     t.add(CountIds, inputs={"events": key_by("user")}, shards=3)
-    run(t, store=store_url, spark=spark, progress=None, timeout_s=300)
+    run(t, store=store_url, spark=spark, progress=None, timeout_s=300, mode=mode)
 
     store = open_store(store_url)
     seen = {u: pickle.loads(store.state("CountIds", u)) for u in {e["user"] for e in events}}
