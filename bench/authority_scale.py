@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from headrace import Computation, Topology, injectors, key_by  # noqa: E402
 from headrace.engine import DedupCache, InputRecord, ShardBatch, run_shard_batch  # noqa: E402
-from headrace.engine.runner import commit_together, finish_batch, prepare_shard_batch  # noqa: E402
+from headrace.engine.runner import PreparedBatch, commit_together, finish_batch, prepare_shard_batch  # noqa: E402
 from headrace.engine.batch import shard_of  # noqa: E402
 from headrace.engine.publish import publish_injected  # noqa: E402
 from headrace.engine.routing import RoutingPlan  # noqa: E402
@@ -116,8 +116,12 @@ def measure(url: str, n: int, repeat: int) -> dict[str, float]:
     clock = Clock()
     out: dict[str, float] = {}
     out["register N intervals"] = timed(lambda: store.register(C, n, CONTINUOUS))
-    out["declare the bus producers"] = timed(lambda: [store.declare_stream(s, *producers_of(t, s, CONTINUOUS))
-                                                      for s in sorted(t.streams())])
+
+    def declare_streams() -> None:
+        for s in sorted(t.streams()):
+            store.declare_stream(s, *producers_of(t, s, CONTINUOUS))
+
+    out["declare the bus producers"] = timed(declare_streams)
     worker = Worker(store, plans_of(t), "bench-worker", 0, 1, lease_ms=LEASE_MS, clock=clock)
     out["claim every interval (first leases)"] = timed(worker.maintain_leases)
     assert len(worker.owned[C]) == n, f"claimed {len(worker.owned[C])} of {n}"
@@ -183,6 +187,7 @@ def interval_commit(store: Any, worker: Worker, r: int) -> None:
     batch = ShardBatch(C, 0, interval.version + 1, records(r), 1_000, 1_000, 0, interval.claim.sequencer,
                        positions=dict(positions), journal_as=interval_producer(C, 0))
     prepared = prepare_shard_batch(worker.code[C], C, OPTIONS, frozenset({"counted"}), store, batch, CACHE)
+    assert isinstance(prepared, PreparedBatch), "a new batch that journals has a commit"
     outcome = commit_together(store, [prepared])[0]
     assert not isinstance(outcome, Exception), outcome
     interval.claim = interval.claim._replace(version=batch.batch)
@@ -247,6 +252,7 @@ def main() -> None:
                         if server is None:
                             from tests.postgres_server import PostgresServer
                             server = PostgresServer(args.postgres).start()
+                            assert server.admin_url is not None, "a started server has its admin URL"
                             print(f"PostgreSQL: {server_version(server.admin_url)}\n")
                         url = server.new_database()
                     began = time.perf_counter()
@@ -262,7 +268,9 @@ def server_version(url: str) -> str:
     import psycopg
 
     with psycopg.connect(url) as db:
-        return str(db.execute("SHOW server_version").fetchone()[0])
+        row = db.execute("SHOW server_version").fetchone()
+        assert row is not None
+        return str(row[0])
 
 
 if __name__ == "__main__":

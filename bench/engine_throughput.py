@@ -126,7 +126,7 @@ def main() -> None:
     arbitrary = make_input(args.records, args.keys, ids="arbitrary")
     bare_s, bare_states = run_bare(data)
     rows = [("bare in-memory loop (dict state, no persistence)", bare_s)]
-    variants = [
+    variants: list[tuple[str, list[InputRecord], dict[str, Any]]] = [
         (DEDUP, data, {}),
         ("headrace engine + SQLite, exactly-once, dedup, arbitrary ids (r<i>)", arbitrary, {}),
         ("headrace engine + SQLite, exactly-once, no dedup", data, {"dedup": False}),

@@ -100,8 +100,10 @@ def consume(bootstrap: str, topic: str, out: str, distinct: Any, stop: Any) -> N
             for m in messages:
                 if m.error() is None:
                     headers = dict(m.headers() or [])
-                    n = json.loads(m.value())["n"]
-                    seen.append((time.time() * 1000, int(headers["headrace.timestamp"]), n))
+                    value, stamp = m.value(), headers["headrace.timestamp"]
+                    assert value is not None and stamp is not None, "every output record has a value and a timestamp"
+                    n = json.loads(value)["n"]
+                    seen.append((time.time() * 1000, int(stamp), n))
                     ns.add(n)
             distinct.value = len(ns)
     finally:
@@ -132,9 +134,9 @@ def stages(store_url: str, seen: list[tuple[float, int, int]], since: int) -> di
             for _, r in db.read_segments("events", "inject:events", batch - 1, batch):
                 injected[r.value["n"]] = commit_time("inject:events", batch)
         counted = {}
-        for r in read("counted", store_url):
-            _, shard, batch, _ = r.id.split(":")  # a production's id: computation:interval:batch:index
-            counted[r.value["n"]] = commit_time(f"Count/{shard}", int(batch))
+        for record in read("counted", store_url):
+            _, shard, produced_in, _ = record.id.split(":")  # a production's id: computation:interval:batch:index
+            counted[record.value["n"]] = commit_time(f"Count/{shard}", int(produced_in))
     finally:
         db.close()
     out: dict[str, list[float]] = {"produce -> injected": [], "injected -> counted": [], "counted -> visible": []}

@@ -121,14 +121,14 @@ class MonoidWindowSum(MonoidCount):
 class BuiltinCount(MonoidCount):
     """The keyed count from ``headrace.monoids``' hooks: folded from the typed stream's columns."""
     lift = constant(1)
-    combine = operator.add
+    combine = operator.add  # type: ignore[assignment]  # a builtin: not bound to self, as mypy assumes
 
 
 class BuiltinWindowSum(MonoidCount):
     """The windowed sum from ``headrace.monoids``' hooks: folded from the typed stream's columns."""
     lift = field("n")
     window = tumbling(WINDOW)
-    combine = operator.add
+    combine = operator.add  # type: ignore[assignment]  # a builtin: not bound to self, as mypy assumes
 
 
 VARIANTS = {"keyed count": (PlainCount, MonoidCount, BuiltinCount),
@@ -172,7 +172,7 @@ def run_variant(spark: Any, cls: type[Computation], data: list[dict[str, Any]], 
     t.stream("events", schema=SCHEMA)
     t.add(cls, inputs={"events": key_by("key")}, outputs=["out"], shards=shards)
     start = time.perf_counter()
-    run(t, store=url, spark=spark, progress=None, mode=mode, **({"trigger_ms": 50} if mode == "microbatch" else {}))
+    run(t, store=url, spark=spark, progress=None, mode=mode, trigger_ms=50 if mode == "microbatch" else None)
     elapsed = time.perf_counter() - start
     out = list(read("out", url))
     shutil.rmtree(folder)  # a copy of the bus per run: 36 of them would fill a small disk

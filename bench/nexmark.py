@@ -159,7 +159,9 @@ def run_spark(spark: Any, query: str, files: Path, folder: Path) -> tuple[float,
               .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
     stream.awaitTermination()
     elapsed, used = time.perf_counter() - start, cpu_seconds() - cpu
-    rows = sorted(tuple(r) for r in duckdb.sql(f"SELECT * FROM read_parquet('{out}/*.parquet')").fetchall())
+    relation = duckdb.sql(f"SELECT * FROM read_parquet('{out}/*.parquet')")
+    assert relation is not None
+    rows = sorted(tuple(r) for r in relation.fetchall())
     return elapsed, used, rows
 
 

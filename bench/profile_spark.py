@@ -45,7 +45,7 @@ def label(frame: str) -> str:
 
 def is_headrace(frame: str) -> bool:
     m = FRAME.match(frame)
-    return bool(m) and os.path.basename(m["file"]) in HEADRACE_FILES
+    return m is not None and os.path.basename(m["file"]) in HEADRACE_FILES
 
 
 def process_kind(stack: list[str]) -> str:

@@ -70,7 +70,8 @@ def measure(spark: Any, url: str, moves: int, rate: int) -> dict[str, Any]:
     t.inject("events", injectors.generator(event, count=count, timestamp="ts", rate=rate, batch_size=20,
                                            max_delay_ms=0))
     t.add(CountPerKey, inputs={"events": key_by("key")}, outputs=["counts"], shards=4)
-    runner = ContinuousRunner(t, url, spark=spark, workers=2, progress=None, rebalance=False, ui=False).start()
+    runner = ContinuousRunner(t, url, spark=spark, workers=2, progress=None, rebalance=False, ui=False)
+    runner.start()
     store = open_store(url)
     pauses, baselines = [], []
     try:

@@ -233,7 +233,8 @@ def main() -> None:
     parser.add_argument("--drive-mode", default="microbatch", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
-        drive(*args.drive, args.rate, args.drive_mode)
+        store, checkpoints = args.drive
+        drive(store, checkpoints, args.rate, args.drive_mode)
         return
     modes = [m.strip() for m in args.mode.split(",") if m.strip()]
     for m in modes:

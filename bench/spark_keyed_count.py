@@ -93,7 +93,7 @@ class Measured(NamedTuple):
 
 
 def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> Measured:
-    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
     from pyspark.sql.types import LongType, StructField, StructType
 
     state_schema = StructType([StructField("count", LongType(), True)])
@@ -104,7 +104,11 @@ def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> Measur
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             n = sum(1 for _ in rows)
-            self.count.update(((self.count.get()[0] if self.count.exists() else 0) + n,))
+            if self.count.exists():
+                stored = self.count.get()
+                assert stored is not None
+                n += stored[0]
+            self.count.update((n,))
             return iter(())  # no output rows: the count lives in the state, as headrace's does
 
         def close(self) -> None:
@@ -148,7 +152,7 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
     t.stream("events", schema=SCHEMA)
     spec = t.add(Count, inputs={"events": key_by("key")}, shards=shards, **options)
     start, started_ms = time.perf_counter(), time.time() * 1000
-    run(t, store=url, spark=spark, progress=None, mode=mode, **({"trigger_ms": 50} if mode == "microbatch" else {}))
+    run(t, store=url, spark=spark, progress=None, mode=mode, trigger_ms=50 if mode == "microbatch" else None)
     elapsed = time.perf_counter() - start
     store = open_store(url)
     try:

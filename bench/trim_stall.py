@@ -21,9 +21,10 @@ import os
 import statistics
 import tempfile
 import time
+from multiprocessing.queues import Queue
 from typing import Any
 
-from headrace.store import open_store
+from headrace.store import SQLiteStore, open_store
 from headrace.store.monitoring import WHOLE_COMPUTATION
 from percentiles import percentile
 
@@ -32,6 +33,7 @@ READER, STREAM, PRODUCER = "sink:trim", "events", "inject:events"
 
 def fill(url: str, batches: int, dests: int, value_bytes: int, now: int) -> None:
     store = open_store(url)
+    assert isinstance(store, SQLiteStore)
     blob = os.urandom(value_bytes * 10)
     with store._transaction():
         store._x("INSERT INTO streams VALUES (?, ?) ON CONFLICT DO NOTHING", (STREAM, PRODUCER))
@@ -48,6 +50,7 @@ def fill(url: str, batches: int, dests: int, value_bytes: int, now: int) -> None
 def writer(path: str, stop: Any, out: Any) -> None:
     """A commit every 5 ms, taking the write lock as the store's writers do (``SQLiteStore._begin``)."""
     store = open_store(f"sqlite:///{path}")
+    assert isinstance(store, SQLiteStore)
     store._x("CREATE TABLE IF NOT EXISTS writer_log(at INTEGER, blob BLOB)")
     times: list[tuple[float, float]] = []
     while not stop.is_set():
@@ -68,11 +71,13 @@ def one_round(step_batches: int | None, args: Any) -> tuple[float, list[float]]:
         now = store.now()
         store.close()
         fill(url, args.batches, args.dests, args.value_bytes, now)
-        stop, out = mp.Event(), mp.Queue()
+        stop = mp.Event()
+        out: Queue[list[tuple[float, float]]] = mp.Queue()
         proc = mp.Process(target=writer, args=(path, stop, out))
         proc.start()
         time.sleep(0.5)  # the writer runs steady before the trim starts
         store = open_store(url)
+        assert isinstance(store, SQLiteStore)
         if step_batches is not None:
             store.TRIM_STEP_BATCHES = step_batches
         started = time.monotonic()
@@ -105,8 +110,8 @@ def main() -> None:
             results[name][0].append(took)
             results[name][1].extend(during)
     print(f"{'variant':8} {'trim ms (median)':>17} {'commits':>8} {'commit p50':>11} {'p99':>8} {'max':>8}")
-    for name, (took, during) in results.items():
-        print(f"{name:8} {statistics.median(took):17.0f} {len(during):8d} {percentile(during, .5):11.1f} "
+    for name, (trims, during) in results.items():
+        print(f"{name:8} {statistics.median(trims):17.0f} {len(during):8d} {percentile(during, .5):11.1f} "
               f"{percentile(during, .99):8.1f} {max(during, default=float('nan')):8.1f}")
     worst = {name: max(d, default=float("nan")) for name, (_, d) in results.items()}
     print(f"worst commit during the trim, steps / bulk: {worst['steps'] / worst['bulk']:.2f}x")

@@ -104,7 +104,7 @@ def run_headrace(spark: Any, data: list[dict[str, Any]], folder: str, batch: int
 def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> tuple[float, dict[tuple[str, int], int]]:
     from pyspark.sql import Row
     from pyspark.sql import functions as F
-    from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
     class WindowProcessor(StatefulProcessor):
         def init(self, handle: StatefulProcessorHandle) -> None:
@@ -118,7 +118,9 @@ def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> tuple[
                 local[bucket] = local.get(bucket, 0) + 1
             for bucket, n in local.items():
                 if self.counts.containsKey((bucket,)):
-                    n += self.counts.getValue((bucket,))[0]
+                    stored = self.counts.getValue((bucket,))
+                    assert stored is not None
+                    n += stored[0]
                 else:
                     self.handle.registerTimer(bucket + BUCKET)
                 self.counts.updateValue((bucket,), (n,))
@@ -126,7 +128,9 @@ def run_transform_with_state(spark: Any, folder: str, checkpoint: str) -> tuple[
 
         def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
             bucket = expiredTimerInfo.getExpiryTimeInMs() - BUCKET
-            count = self.counts.getValue((bucket,))[0]
+            stored = self.counts.getValue((bucket,))
+            assert stored is not None, "a bucket's timer is registered with its count"
+            count = stored[0]
             self.counts.removeKey((bucket,))
             yield Row(query=key[0], bucket=bucket, count=count)
 
