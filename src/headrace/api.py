@@ -102,8 +102,11 @@ def _refuse_ignored(topology: Topology, checkpoint_dir: str | None, trigger_ms: 
     only to the Spark queries a topology brings (sinks, streaming-DataFrame injectors, progress
     queries), and weak productions would change nothing (an interval's productions become visible
     with its commit either way). An option that would change nothing is refused, not ignored."""
-    queries = any(s.kind != "kafka" for s in topology.sinks.values()) or progress_queries or any(
-        getattr(i.source, "isStreaming", False) is True for i in topology.injections.values())
+    from .spark.inject import is_streaming_dataframe
+    from .spark.sinks import spark_sinks
+
+    queries = spark_sinks(topology) or progress_queries or any(
+        is_streaming_dataframe(i.source) for i in topology.injections.values())
     for option, value in (("checkpoint_dir", checkpoint_dir), ("trigger_ms", trigger_ms)):
         if value is not None and not queries:
             raise OptionError(f"{option} applies to the Spark queries of a run, and this continuous run has none",

@@ -26,7 +26,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from ..ci import long_only
 from ..kafka.sinks import read_topic
 from ..kafka_broker import KafkaBroker
 from .kafka_topology import USERS
@@ -73,11 +72,9 @@ def wait_for_output(broker: KafkaBroker, topic: str, expected: int, driver: subp
         time.sleep(0.5)  # polling the output for a state
 
 
-@pytest.mark.parametrize("outage", ["paused", "restarted"])
+@pytest.mark.parametrize("outage", [pytest.param("paused", marks=pytest.mark.slow), "restarted"])  # a 35 s pause
 def test_kafka_to_kafka_rides_out_a_broker_outage_and_holds_every_record_once(broker: KafkaBroker, tmp_path: Path,
                                                                               outage: str) -> None:
-    if outage == "paused":  # the pause alone is 35 s
-        long_only("the paused broker", covered_by="the restarted one (43 s here)")
     source, out = broker.create_topic(partitions=3), broker.create_topic(partitions=2)
     log, marks = tmp_path / "driver.log", tmp_path / "marks"
     marks.mkdir()
