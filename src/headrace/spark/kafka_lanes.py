@@ -50,7 +50,7 @@ def loading(cause: BaseException | None) -> bool:
     rather than one away or misnamed."""
     from confluent_kafka import KafkaError, KafkaException
 
-    return isinstance(cause, KafkaException) and cause.args[0].code() in (
+    return isinstance(cause, KafkaException) and isinstance(cause.args[0], KafkaError) and cause.args[0].code() in (
         KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.CONCURRENT_TRANSACTIONS, KafkaError.LEADER_NOT_AVAILABLE)
 

@@ -82,7 +82,7 @@ class KafkaSinkWriter:
         self.lease_until = 0
         self.failpoint = failpoint_from_env()
         self.broken = False  # a transaction failed: the lanes start again before the next one (``reopen``)
-        self.fences = FailureBudget(limit=3, window_s=600.0)  # fences taken with the lease its own
+        self.fences = FailureBudget(limit=4, window_s=600.0)  # three fences with the lease its own; a fourth stands
         self.producers: list[str] = []  # the stream's, refreshed every second
         self._producers_at = 0.0
 
@@ -116,9 +116,10 @@ class KafkaSinkWriter:
         if now < self.lease_until - 2 * self.target.lease_ms // 3:
             return
         held = self._holder()
-        if held is not None and held["owner"] != self.owner:
+        if held is None or held["owner"] != self.owner:  # gone: a newer writer took it, then closed
             raise FencedWriterError(f"The Kafka sink {self.spec.name!r} lost its lease to another writer",
-                                    got=held["owner"], hint="a newer driver writes the sink now; this one stops")
+                                    got=held and held["owner"], hint="a newer driver writes the sink now; this one "
+                                                                     "stops")
         self._put_lease(now)
 
     # -- Kafka ----------------------------------------------------------------------------------------
@@ -330,7 +331,7 @@ class KafkaSink:
     def _loop(self) -> None:
         pause = RETRY_S[0]
         try:
-            deadline = time.monotonic() + FLUSH_RETRY_S
+            deadline: float | None = None  # from the first refusal: the wait for the lease is not the broker's
             while True:
                 try:
                     if self.writer.broken:
@@ -339,6 +340,7 @@ class KafkaSink:
                         self.writer.open(self.stopping)
                     break
                 except KafkaCommitError as exc:  # a broker that answers but is not ready yet is waited for
+                    deadline = deadline or time.monotonic() + FLUSH_RETRY_S
                     if not loading(exc.__cause__) or time.monotonic() > deadline:
                         raise
                     self.writer.broken = True

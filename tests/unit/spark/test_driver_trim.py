@@ -43,6 +43,11 @@ def test_a_sink_not_started_yet_holds_what_it_has_not_written_against_retention(
     try:
         runner.trim()
         assert [r.id for _, r in store.read_segments("in", "inject:in", 0, 2)] == ["inject:in:1:0", "inject:in:2:0"]
+        sink.writer.positions = {"inject:in": 2}  # as its ledger says once it has started and written both
+        sink.opened.set()
+        runner.trim()
+        assert store.read_through("sink:in-kafka") == {"inject:in": 2}
+        assert list(store.read_segments("in", "inject:in", 0, 1)) == []  # forgotten, now that every reader has it
     finally:
         sink.writer.close()
         sink.waiter.close()
