@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from headrace import read, run, watermarks
-from headrace.model import END_OF_TIME
+from headrace.model import BEGINNING_OF_TIME, END_OF_TIME
 from headrace.store import open_store
 
 from .pipelines import oracle, searches, three_stage
@@ -30,6 +30,31 @@ def test_three_stage_pipeline_equals_the_oracle_with_out_of_order_input(spark: A
     assert len(list(read("window_counts", store_url))) == len(expected["window_counts"])  # each window emitted once
     assert result.stats["WindowCounter"].counters.get("late_dropped", 0) == 0
     assert all(info.output_watermark == END_OF_TIME for info in watermarks(store_url).values())
+    if mode == "continuous":
+        journals_move_forward_and_never_pass_the_injector(store_url)
+
+
+def journals_move_forward_and_never_pass_the_injector(store_url: str) -> None:
+    """Continuous mode: every interval's journaled watermarks and its authority's only move forward,
+    and a first-stage interval's input watermark is never ahead of what the injector had journaled
+    by its commit (the watermark's promise; later stages also hear quiet reports, not journaled)."""
+    store = open_store(store_url)
+    try:
+        for stage, shards in (("WindowCounter", 3), ("BucketTotals", 2), ("BusiestBucketPerTenSeconds", 2)):
+            assert store.batches(stage), f"the authority journaled nothing of {stage}"
+            for producer in [stage, *(f"{stage}/{i}" for i in range(shards))]:  # a quiet interval journals nothing
+                journal = store.batches(producer)
+                ins, outs = [b.input_watermark for b in journal], [b.output_watermark for b in journal]
+                assert ins == sorted(ins) and outs == sorted(outs), f"{producer}'s watermark moved back"
+        injected = store.batches("inject:searches")
+        assert injected and all(store.batches(f"WindowCounter/{i}") for i in range(3))
+        for i in range(3):
+            for b in store.batches(f"WindowCounter/{i}"):
+                promised = max((u.output_watermark for u in injected if u.completed_at <= b.completed_at),
+                               default=BEGINNING_OF_TIME)
+                assert b.input_watermark <= promised, f"WindowCounter/{i} batch {b.batch} passed the injector"
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("state, output", [("exactly_once", "at_most_once"), ("at_most_once", "at_most_once")])
