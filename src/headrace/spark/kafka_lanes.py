@@ -106,8 +106,9 @@ class Lane:
     def fence(self, target: KafkaTarget) -> None:
         from confluent_kafka import Consumer
 
-        # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced
-        self.producer.init_transactions(TIMEOUT_S)
+        # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced. On its
+        # lane's thread: after a broker restart it went on answering CONCURRENT_TRANSACTIONS past its timeout
+        self.within(self.producer.init_transactions, TIMEOUT_S)
         self.group = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
                                "isolation.level": "read_committed", "enable.auto.commit": False})
 
@@ -115,17 +116,20 @@ class Lane:
         """This lane's last committed ledger and its offset (0 if it committed none)."""
         from confluent_kafka import TopicPartition
 
-        committed = self.group.committed([TopicPartition(topic, 0)], timeout=TIMEOUT_S)[0]
+        committed = self.within(self.group.committed, [TopicPartition(topic, 0)], TIMEOUT_S)[0]
         if committed.offset < 0:
             return {}, 0
         return decode_ledger(committed.metadata), committed.offset
 
     def close(self) -> None:
         group, self.group = self.group, None
-        if self._calls is not None:
-            self._calls.put(None)  # its thread ends after the call it may be stuck in; nobody waits for it
-        if group is not None:
-            group.close()
+        if self._calls is None:
+            if group is not None:
+                group.close()
+            return
+        if group is not None:  # after the call the thread may be stuck in, like everything of the lane
+            self._calls.put((Future(), group.close, ()))
+        self._calls.put(None)  # its thread ends after those; nobody waits for it
 
 
 def abort(lane: Lane) -> None:
