@@ -115,12 +115,18 @@ class KafkaSinkWriter:
         now = self.store.now()
         if now < self.lease_until - 2 * self.target.lease_ms // 3:
             return
-        held = self._holder()
-        if held is None or held["owner"] != self.owner:  # gone: a newer writer took it, then closed
-            raise FencedWriterError(f"The Kafka sink {self.spec.name!r} lost its lease to another writer",
-                                    got=held and held["owner"], hint="a newer driver writes the sink now; this one "
-                                                                     "stops")
+        if (lost := self._lease_lost()) is not None:
+            raise lost
         self._put_lease(now)
+
+    def _lease_lost(self) -> FencedWriterError | None:
+        """The error of a writer whose lease is not its own any more (one gone: a newer writer took
+        it, then closed); None while it is."""
+        held = self._holder()
+        if held is not None and held["owner"] == self.owner:
+            return None
+        return FencedWriterError(f"The Kafka sink {self.spec.name!r} lost its lease to another writer",
+                                 got=held and held["owner"], hint="a newer driver writes the sink now; this one stops")
 
     # -- Kafka ----------------------------------------------------------------------------------------
 
@@ -264,8 +270,7 @@ class KafkaSinkWriter:
         """A fence stops the writer unless it still holds its lease: librdkafka reports a
         transaction the broker aborted for outliving ``transaction.timeout.ms`` as a fence too (the
         coordinator bumps the epoch), and then the writer starts again, a few times in a while."""
-        held = self._holder()
-        if held is None or held["owner"] != self.owner:
+        if self._lease_lost() is not None:
             return FencedWriterError(f"Kafka fenced the writer of sink {self.spec.name!r}: a newer writer took its "
                                      f"transactional.id {lane.txn_id!r}", got=error.str(),
                                      hint="nothing of this writer's open transaction was committed; the newer writer "
@@ -288,10 +293,8 @@ class KafkaSinkWriter:
         """New lanes in place of the old (a lane stuck inside a call is left to its thread), then
         ``open``: the new producers' ``init_transactions`` abort what the old left open, and the
         ledger says where to resume. A writer whose lease another took meanwhile is fenced."""
-        held = self._holder()
-        if held is None or held["owner"] != self.owner:
-            raise FencedWriterError(f"The Kafka sink {self.spec.name!r} lost its lease to another writer",
-                                    got=held and held["owner"], hint="another driver took the sink over; this one stops")
+        if (lost := self._lease_lost()) is not None:
+            raise lost
         self._put_lease(self.store.now())
         old, self.lanes = self.lanes, [Lane(lane.txn_id) for lane in self.lanes]
         with ExitStack() as closing:
