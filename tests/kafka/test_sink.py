@@ -68,7 +68,7 @@ def test_records_reach_a_read_committed_consumer_once_with_their_ids(kafka_broke
     drain(w2)
     assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
     w2.close()
-    w.store.close()
+    w.close()
 
 
 @pytest.mark.parametrize("lane", [0, 1])

@@ -9,6 +9,7 @@ import base64
 import json
 import queue
 import threading
+import weakref
 import zlib
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as CallTimedOut
@@ -79,19 +80,19 @@ class Lane:
         """``call(*args)`` (a transactional call given ``TIMEOUT_S``) on the lane's own daemon thread
         (one that never returns must not hold the process at its exit), given up once it overran
         that by a second: the lane is then its thread's, never used again."""
-        if self._calls is None:
-            self._calls = queue.SimpleQueue()
-            threading.Thread(target=_serve, args=(self._calls,), name=f"headrace-kafka-{self.txn_id}",
-                             daemon=True).start()
+        name = getattr(call, "__name__", repr(call))
         future: Future[Any] = Future()
-        self._calls.put((future, call, args))
+        self._thread().put((future, call, args))
+        del call, args  # a traceback through this frame must not keep the producer (see close)
         try:
             return future.result(TIMEOUT_S + 1)
         except CallTimedOut:
             raise KafkaCommitError(f"Kafka did not answer the transactional producer {self.txn_id!r} within "
-                                   f"{TIMEOUT_S + 1:.0f} s", got=getattr(call, "__name__", repr(call)),
+                                   f"{TIMEOUT_S + 1:.0f} s", got=name,
                                    hint="the sink gives the producer up, starts a new one and resumes from its last "
                                         "committed batch") from None
+        finally:
+            del future  # its exception's traceback holds this frame: no cycle through it
 
     def connect(self, target: KafkaTarget) -> None:
         from confluent_kafka import Producer
@@ -121,15 +122,38 @@ class Lane:
             return {}, 0
         return decode_ledger(committed.metadata), committed.offset
 
-    def close(self) -> None:
-        group, self.group = self.group, None
+    def _thread(self) -> "queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]":
         if self._calls is None:
-            if group is not None:
-                group.close()
+            self._calls = queue.SimpleQueue()
+            threading.Thread(target=_serve, args=(self._calls,), name=f"headrace-kafka-{self.txn_id}",
+                             daemon=True).start()
+            weakref.finalize(self, self._calls.put, None)  # a lane dropped unclosed ends its thread too
+        return self._calls
+
+    def close(self) -> None:
+        """Close the consumer group and destroy the producer on the lane's thread, after any call it
+        is stuck in: librdkafka's destroy, run where the producer's last reference goes, may wait on
+        a broker, and the writer must not wait with it (the suspect when a clean clone's broker-restart
+        test saw a driver go silent for good after its sink started its lanes again). So the handles
+        go to the thread in a box it empties, and no frame of a failed call's traceback holds one
+        (``within``, ``_run``): a cycle would be freed by the collector, on whatever thread it runs."""
+        handles = [self.group, self.producer]
+        self.group = self.producer = None
+        if all(handle is None for handle in handles):
             return
-        if group is not None:  # after the call the thread may be stuck in, like everything of the lane
-            self._calls.put((Future(), group.close, ()))
-        self._calls.put(None)  # its thread ends after those; nobody waits for it
+        calls = self._thread()
+        calls.put((Future(), _close, (handles,)))
+        calls.put(None)  # nobody waits for it
+
+
+def _close(handles: list[Any]) -> None:
+    group, _producer = handles
+    handles.clear()  # the producer's last reference is this frame's: it is destroyed as it returns
+    try:
+        if group is not None:
+            group.close()
+    except Exception:  # noqa: BLE001 - a group that cannot leave is let go all the same; raised, its
+        pass  # traceback would hold the producer in a cycle that the collector frees on any thread
 
 
 def abort(lane: Lane) -> None:
@@ -143,10 +167,19 @@ def abort(lane: Lane) -> None:
 
 
 def _serve(calls: "queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]") -> None:
-    while (item := calls.get()) is not None:
-        future, call, args = item
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(call(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
+    while True:
+        item = calls.get()
+        if item is None:
+            return
+        _run(*item)
+        del item  # an idle thread holds none of the handles it called
+
+
+def _run(future: Future[Any], call: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(call(*args))
+        except BaseException as exc:
+            future.set_exception(exc)
+        finally:
+            del call, args  # the exception's traceback holds this frame, in a cycle with its future
