@@ -32,7 +32,7 @@ class Clock:
 
 def produce(broker: Any, topic: str, items: list[tuple[int, bytes, int]]) -> None:
     """(partition, value, Kafka timestamp) each."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True})  # in order
     failed: list[Any] = []
     for partition, value, ts in items:
         producer.produce(topic, value, partition=partition, timestamp=ts,
@@ -373,3 +373,52 @@ def test_a_single_part_kafka_injector_publishes_as_the_stream_itself() -> None:
     t.inject("more", injectors.kafka("more", "127.0.0.1:9", parts=2))
     assert t.injections["events"].producers == ["inject:events"]
     assert t.injections["more"].producers == ["inject:more/0", "inject:more/1"]
+
+
+class Counted(injectors.Injector):
+    """An injector's batches, counted as its runner takes them."""
+
+    def __init__(self, inner: injectors.Injector):
+        self.inner, self.yielded = inner, 0
+
+    def batches(self, resume: str | None) -> Iterator[InjectedBatch]:
+        for batch in self.inner.batches(resume):
+            self.yielded += 1
+            yield batch
+
+
+def test_a_stopped_run_ends_its_quiet_part_which_publishes_nothing_while_quiet(kafka_broker: Any,
+                                                                                tmp_path: Any) -> None:
+    """A part with nothing new yields an empty batch every second, which its runner's thread
+    (``spark/injectors.InjectorThread``) does not publish (nothing in it differs from the last
+    published batch); so the thread sees that its run stopped, and ends the part (its consumers
+    closed in its ``finally``). Before, a quiet part never yielded,
+    and a stopped run's thread waited inside it, polling the broker, for as long as the process lived."""
+    from headrace.engine.routing import EMPTY_PLAN
+    from headrace.spark.injectors import InjectorThread
+    from headrace.store import open_store
+
+    topic = kafka_broker.create_topic(partitions=1)
+    produce(kafka_broker, topic, [(0, b'{"n": 1}', 1_000)])
+    url, errors = f"sqlite:///{tmp_path}/store.db", []
+    part = Counted(injectors.kafka(topic, kafka_broker.bootstrap_servers))
+    thread = InjectorThread("events", "inject:events", part, url, errors.append, None, EMPTY_PLAN)
+    thread.start()
+    store = open_store(url)
+    try:
+        deadline = time.monotonic() + 30
+        while thread.watermark < 1_000:  # polling for a state: the record read, and its watermark published
+            assert time.monotonic() < deadline and errors == [], errors
+            time.sleep(0.05)
+        journaled, yielded = store.latest_batch("inject:events").batch, part.yielded
+        while part.yielded < yielded + 2:  # two quiet batches
+            assert time.monotonic() < deadline + 10 and errors == [], errors
+            time.sleep(0.05)
+        assert store.latest_batch("inject:events").batch == journaled
+        thread.stop()
+        thread.join(15)
+        assert not thread.is_alive(), "the stopped run's injector thread still waits inside its quiet part"
+        assert errors == [] and thread.published == 1 and part.inner._asker is None  # its finally ran
+    finally:
+        thread.stop()
+        store.close()

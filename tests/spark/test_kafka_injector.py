@@ -17,7 +17,8 @@ from .pipelines import WindowCounter, oracle, searches
 def test_a_kafka_topic_is_injected_exactly_once(spark: Any, store_url: str, mode: str, kafka_broker: Any) -> None:
     events = searches(900, seed=57)
     topic = kafka_broker.create_topic(partitions=3)
-    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    # idempotent: a retried request must not reorder a partition (the bad record once landed at offset 187)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers, "enable.idempotence": True})
     for i, event in enumerate(events):
         producer.produce(topic, json.dumps(event).encode(), partition=i % 3)
     producer.produce(topic, b"\xff not json", partition=1)

@@ -71,7 +71,10 @@ def timestamper(timestamp: str | Callable[[Any], Any] | None,
 
 
 class Injector:
-    """Base: turns values into batches; ``bounded`` injectors end with the end-of-time watermark."""
+    """Base: turns values into batches; ``bounded`` injectors end with the end-of-time watermark.
+    One that waits for input should yield now and then even when it has nothing new (the batch
+    it last yielded, without its records): such a batch is not published, and lets the runner
+    end a stopped run's injector (its generator closed, so its ``finally`` runs)."""
 
     bounded = False
 

@@ -12,7 +12,9 @@ moves back), and a look that finds new partitions voids those waiting.
 It reads a new partition from its first offset, so a record written to a new partition before the
 part read a newer one elsewhere is not late. The looks run on a thread of their own, at most every
 10 ms while records come: the watermark waits for them, the records do not. A look the broker does
-not answer holds the watermark until one it answers.
+not answer holds the watermark until one it answers. A part with nothing new yields an empty batch
+every second, which the runner does not publish: its thread sees then that its run stopped, and
+the part closes its consumers.
 It reads with ``isolation.level=read_committed``: records of aborted or open transactions are never
 injected.
 
@@ -53,6 +55,7 @@ LOOK_EVERY_S = 0.01  # how often a part may look for new partitions before movin
 ASK_TIMEOUT_S = 0.5  # for that answer; without one, the partition holds the watermark
 LIST_TIMEOUT_S = 10.0  # for a look's answer; without one, the watermark holds
 WAITING_AT_MOST = 64  # watermarks waiting for a look (then the newest is replaced: only freshness is lost)
+QUIET_YIELD_S = 1.0  # a part with nothing new yields an empty batch this often, so that a stopped run can end it
 
 DESERIALIZERS: dict[str, Callable[[bytes], Any]] = {
     "bytes": lambda raw: raw,
@@ -137,7 +140,7 @@ class KafkaPart(Injector):
         # watermarks (and whether every partition ended) computed from what was read by a moment
         # (monotonic): each may be published once a look for new partitions began after that moment
         waiting: deque[tuple[float, int, bool]] = deque()
-        discovered = self.clock()
+        discovered, yielded = self.clock(), time.monotonic()
         try:
             try:  # assigns the resumed partitions
                 self._assign(consumer, state, assigned, self._mine())
@@ -186,8 +189,8 @@ class KafkaPart(Injector):
                     mark, ended = max(published, min(mark, current)), ended and now_ended
                 if ended:
                     mark = END_OF_TIME
-                if records or dead or mark != published:
-                    published = mark
+                if records or dead or mark != published or read_at - yielded >= QUIET_YIELD_S:
+                    published, yielded = mark, read_at  # nothing new: the runner publishes nothing of it
                     yield InjectedBatch(records, mark, self._checkpoint(state, published), dead)
                 if ended:
                     return

@@ -58,9 +58,14 @@ class InjectorThread(threading.Thread):
                 self.finished.set()
                 return
             since, plan = batch + 1, None
-            for injected in self.injector.batches(store.checkpoint(self.producer)):
+            resume = store.checkpoint(self.producer)
+            journaled = (last.output_watermark if last else BEGINNING_OF_TIME, resume)  # what a batch would change
+            for injected in self.injector.batches(resume):
                 if self.stopping.is_set():
-                    return
+                    return  # the generator is closed here, on its own thread: its finally releases its part
+                if not injected.records and not injected.dead_letters and \
+                        (injected.watermark, injected.checkpoint) == journaled:
+                    continue  # nothing new (a quiet part shows it is alive): no consumer to wake for it
                 batch += 1
                 if plan is not self.plan:  # the first batch, or a plan the driver changed (a rescale)
                     plan, since = self.plan, batch
@@ -70,6 +75,7 @@ class InjectorThread(threading.Thread):
                                                    injected.watermark, injected.checkpoint, self.schema, plan,
                                                    since, injected.dead_letters)
                 self.watermark = max(self.watermark, injected.watermark)
+                journaled = (injected.watermark, injected.checkpoint)
             self.finished.set()
         except BaseException as exc:  # surfaced by the runner's wait loop
             self.on_error(exc)
