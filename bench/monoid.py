@@ -22,7 +22,7 @@ The equal work, for every variant:
   records are folded in Spark's read tasks (micro-batch) or the worker's pass (continuous) before
   their shard, and whose partials are merged as delta rows. Two monoids each: hand-written
   (``lift``, ``window`` and ``combine`` as methods, called per record) and built-in
-  (``headrace.monoids``: ``constant(1)`` or ``field("n")``, ``tumbling(10_000)``, ``operator.add``),
+  (``headrace.monoids``: ``constant(1)`` or ``field("n")``, ``tumbling(10_000)``, ``add``),
   which folds whole field columns of the typed stream.
 The SparkSession is shared and warmed up by a small run of each variant; start-up is excluded.
 Each variant's run over 2,000 records is timed too, as its fixed cost: the script prints the ratios
@@ -34,7 +34,6 @@ run of the same variant can take twice as long as the next.
 from __future__ import annotations
 
 import argparse
-import operator
 import os
 import platform
 import random
@@ -49,7 +48,7 @@ from typing import Any
 
 from headrace import Computation, MonoidComputation, Topology, injectors, key_by, read, run
 from headrace.model import END_OF_TIME
-from headrace.monoids import constant, field, tumbling
+from headrace.monoids import add, constant, field, tumbling
 from headrace.spark.session import spark_session
 
 WINDOW = 10_000
@@ -121,14 +120,14 @@ class MonoidWindowSum(MonoidCount):
 class BuiltinCount(MonoidCount):
     """The keyed count from ``headrace.monoids``' hooks: folded from the typed stream's columns."""
     lift = constant(1)
-    combine = operator.add  # type: ignore[assignment]  # a builtin: not bound to self, as mypy assumes
+    combine = add
 
 
 class BuiltinWindowSum(MonoidCount):
     """The windowed sum from ``headrace.monoids``' hooks: folded from the typed stream's columns."""
     lift = field("n")
     window = tumbling(WINDOW)
-    combine = operator.add  # type: ignore[assignment]  # a builtin: not bound to self, as mypy assumes
+    combine = add
 
 
 VARIANTS = {"keyed count": (PlainCount, MonoidCount, BuiltinCount),
@@ -238,7 +237,7 @@ def main() -> None:
     print(f"ratio: each monoid's records/s divided by the plain computation's, same input, same run, each the "
           f"median of {args.repeat} run(s);")
     print("hand-written: lift/window/combine as methods, folded a record at a time; built-in: headrace.monoids'")
-    print("field/constant/tumbling and operator.add, folded from the typed stream's field columns")
+    print("field/constant/tumbling and add, folded from the typed stream's field columns")
     header = (f"{'mode':<11} {'workload':<13} {'plain rec/s':>12} {'hand-written':>13} {'built-in':>10} "
               f"{'hand-written is':>16} {'built-in is':>12}")
     for title, column in (("whole runs", 2), (f"less each variant's fixed cost (its run over {len(small):,} records: "

@@ -17,13 +17,12 @@ Where a streaming answer differs from batch SQL, each query says the rule, and t
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from headrace import Computation, MonoidComputation, Topology, key_by
 from headrace.injectors import RecordsInjector
-from headrace.monoids import tumbling
+from headrace.monoids import add, tumbling
 from headrace.operators import IntervalJoin, LookupJoin, WindowJoin
 
 from .generator import EVENTS_PER_S, KINDS, SCHEMAS, source
@@ -97,10 +96,14 @@ class BidsInAuction(IntervalJoin):
                                 "expires": auction.value["expires"], "price": bid.value["price"]})
 
 
+def _higher(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return max(a, b)
+
+
 class ClosingPrice(MonoidComputation):
     """q4, step 2: an auction's highest bid, once the watermark passes its expiry."""
 
-    combine = staticmethod(max)
+    combine = staticmethod(_higher)
 
     def zero(self) -> tuple[int, int]:
         return (-1, -1)
@@ -140,7 +143,7 @@ class BidsPerPane(MonoidComputation):
 
     lift = staticmethod(lambda record: 1)
     window = tumbling(HOP)
-    combine = staticmethod(operator.add)
+    combine = add
 
     def zero(self) -> int:
         return 0
@@ -216,11 +219,11 @@ class NewSellers(WindowJoin):
 class Query:
     name: str
     output: str
-    add: Callable[[Topology, dict[str, Any]], None]
+    add: Callable[[Topology, dict[str, Any]], Any]  # adds the query's computations to the topology
     columns: tuple[str, ...]  # of the answer's rows, as the oracle's SQL selects them
 
 
-def _stateless(cls: type[Computation], out: str) -> Callable[[Topology, dict[str, Any]], None]:
+def _stateless(cls: type[Computation], out: str) -> Callable[[Topology, dict[str, Any]], Any]:
     return lambda t, o: t.add(cls, inputs={"bids": by("auction")}, outputs=[out], **o)
 
 

@@ -25,7 +25,7 @@ def generate(n: int = 6_000, minutes: int = 30, events: int = 40, disorder_ms: i
     span = minutes * 60_000
     weights = [1 / (i + 1) ** 0.8 for i in range(events)]
     hot = {f"event-{rng.randrange(events)}": (rng.randrange(span), rng.randrange(span)) for _ in range(5)}
-    out = []
+    out: list[dict[str, Any]] = []
     for i in range(n):
         event = f"event-{rng.choices(range(events), weights)[0]}"
         ts = START + rng.randrange(span)

@@ -84,12 +84,13 @@ def lag_report(store_url: str, since_ms: int) -> tuple[dict[str, list[float]], l
             i = bisect.bisect_right(marks, b.input_watermark) - 1
             if i >= 0 and b.completed_at >= since_ms and injected[i].output_watermark < 2**63 - 1:
                 lags[stage].append(b.completed_at - injected[i].completed_at)
-    end_to_end = []
+    end_to_end: list[float] = []
     for b in injected[:-1]:
         done = [next((s.completed_at for s in journals[stage] if s.input_watermark >= b.output_watermark), None)
                 for stage in ("SpikeDetector", "DipDetector")]
-        if all(d is not None for d in done):
-            end_to_end.append(max(done) - b.completed_at)  # type: ignore[type-var]
+        finished = [d for d in done if d is not None]
+        if len(finished) == len(done):
+            end_to_end.append(max(finished) - b.completed_at)
     return lags, end_to_end
 
 

@@ -69,11 +69,14 @@ def read_anomalies(bootstrap: str, timeout_s: float = 30.0) -> list[dict[str, An
             message = consumer.poll(0.2)
             if message is None:
                 continue
-            if message.error() is not None:
-                if message.error().code() == KafkaError._PARTITION_EOF:
+            error, value = message.error(), message.value()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     break
-                raise RuntimeError(f"reading {ANOMALIES}: {message.error()}")
-            found.append(json.loads(message.value()))
+                raise RuntimeError(f"reading {ANOMALIES}: {error}")
+            if value is None:
+                raise RuntimeError(f"reading {ANOMALIES}: a message without a value at offset {message.offset()}")
+            found.append(json.loads(value))
     finally:
         consumer.close()
     return found

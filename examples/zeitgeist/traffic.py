@@ -81,10 +81,10 @@ def generate(scenario: Scenario) -> Scenario:
         cycle = 1 + 0.5 * math.sin(2 * math.pi * (second * 1000) / scenario.day_ms)
         for q, name in enumerate(names):
             lam = base[q] * cycle
-            kind = effects.get((name, bucket))
-            if kind == "spike":
+            effect = effects.get((name, bucket))
+            if effect == "spike":
                 lam = lam * 6 + 15
-            elif kind == "dip":
+            elif effect == "dip":
                 lam = 0.0
             for _ in range(_poisson(rng, lam)):
                 ts = bucket + rng.randrange(1000)

@@ -1,13 +1,12 @@
 """Ready-made hooks for a ``MonoidComputation`` that headrace can run on whole columns.
 
-    import operator
     from headrace import MonoidComputation
-    from headrace.monoids import field, tumbling
+    from headrace.monoids import add, field, tumbling
 
     class WindowSum(MonoidComputation):
         lift = field("n")          # a record's part of the aggregate: its value's field "n"
         window = tumbling(10_000)  # 10-second windows, each emitted at its end
-        combine = operator.add
+        combine = add              # a + b
 
         def zero(self):
             return 0
@@ -17,7 +16,7 @@
 
 Each is a callable of the record and behaves exactly like the method it stands in for. A monoid
 whose ``lift`` is ``field(name)`` or ``constant(n)``, whose ``window`` is ``tumbling(size)`` or the
-default, and whose ``combine`` is ``operator.add``, reading a typed stream
+default, and whose ``combine`` is ``add`` (or ``operator.add``), reading a typed stream
 (``Topology.stream(name, schema=...)``) keyed with ``key_by("field")``, is folded from the
 stream's field columns: no value unpickled and no call per record (docs/architecture.md §3.13).
 Everything else is folded one record at a time, with the same result.
@@ -30,7 +29,7 @@ from typing import Any
 from .errors import BadInputError, OptionError
 from .model import Record
 
-__all__ = ["field", "constant", "tumbling", "Field", "Constant", "Tumbling"]
+__all__ = ["add", "field", "constant", "tumbling", "Add", "Field", "Constant", "Tumbling"]
 
 
 class Field:
@@ -57,7 +56,7 @@ class Field:
 
 
 class Constant:
-    """``lift = constant(1)``: every record's part is the same value (a count, with ``operator.add``)."""
+    """``lift = constant(1)``: every record's part is the same value (a count, with ``add``)."""
 
     __slots__ = ("value",)
 
@@ -89,6 +88,23 @@ class Tumbling:
 
     def __repr__(self) -> str:
         return f"tumbling({self.size})"
+
+
+class Add:
+    """``combine = add``: ``a + b``, like ``operator.add``, which a type checker takes for a
+    method of one argument when it is assigned in a class body (it binds it to ``self``); an
+    instance of this class it takes for the hook it stands in for."""
+
+    __slots__ = ()
+
+    def __call__(self, a: Any, b: Any) -> Any:
+        return a + b
+
+    def __repr__(self) -> str:
+        return "add"
+
+
+add = Add()
 
 
 def field(name: str) -> Field:

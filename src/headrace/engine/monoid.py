@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from ..errors import UserCodeError
 from ..model import END_OF_TIME, ComputationOptions, KeyExtractor, MonoidComputation, Record, Timer
-from ..monoids import Constant, Field, Tumbling
+from ..monoids import Add, Constant, Field, Tumbling
 from .batch import CheckedRecord, InputRecord, Partial, ShardBatch, ShardCommit, ShardSnapshot
 from ..names import id_prefix
 from .ports import SegmentColumns
@@ -179,8 +179,8 @@ class ColumnarFold(NamedTuple):
 
 def columnar_fold(monoid: MonoidComputation) -> ColumnarFold | None:
     """The monoid's ``ColumnarFold`` when its hooks are ``headrace.monoids``', ``combine`` is
-    ``operator.add`` and ``zero()`` an ``int``; None when it folds one record at a time."""
-    if monoid.combine is not operator.add:
+    ``add`` or ``operator.add`` and ``zero()`` an ``int``; None when it folds one record at a time."""
+    if monoid.combine is not operator.add and type(monoid.combine) is not Add:
         return None
     try:
         zero = monoid.zero()

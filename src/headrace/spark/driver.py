@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Self, Sequence, TextIO
 
 from ..engine.routing import RoutingPlan
 from ..errors import HeadraceError, OptionError, UserCodeError
@@ -137,7 +137,7 @@ class Driver:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> "Driver":
+    def start(self) -> Self:
         self._started = time.time()
         if self.spark is None:
             self.spark = spark_session(self.master, app_name=f"headrace-{self.topology.name}",

@@ -20,7 +20,7 @@ from headrace.engine.worker import Worker
 from headrace.names import interval as interval_producer
 from headrace.errors import UserCodeError
 from headrace.model import END_OF_TIME
-from headrace.monoids import Tumbling, constant, field, tumbling
+from headrace.monoids import Tumbling, add, constant, field, tumbling
 from headrace.schema import StreamSchema
 from headrace.names import CONTINUOUS
 from headrace.plans import interval_plans as plans_of, producers_of
@@ -58,8 +58,9 @@ class OddWindows(Tumbling):
         return 0
 
 
-def test_only_the_ready_made_hooks_with_operator_add_fold_columns() -> None:
+def test_only_the_ready_made_hooks_with_add_or_operator_add_fold_columns() -> None:
     assert columnar_fold(Sum()) == ColumnarFold("n", 0, 1_000, 0)
+    assert columnar_fold(type("Added", (Sum,), {"combine": add})()) == ColumnarFold("n", 0, 1_000, 0)
     assert columnar_fold(Count()) == ColumnarFold(None, 1, None, 0)
     assert columnar_fold(type("FloatZero", (Sum,), {"zero": lambda self: 0.0})()) is None  # float sums depend on order
     assert columnar_fold(HandWrittenSum()) is None  # a combine of its own: called per record
