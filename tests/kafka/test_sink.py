@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from headrace.errors import FencedWriterError, OptionError
+from headrace.errors import FencedWriterError, HeadraceError, OptionError
 from headrace.names import meta
 from headrace.spark.kafka_lanes import decode_ledger, transient
 from headrace.spark.kafka_sink import KafkaSinkWriter
@@ -248,11 +248,43 @@ def test_a_live_writer_holds_its_lease_against_a_second(kafka_broker: Any, tmp_p
     second.close()
 
 
-def test_the_ledger_round_trips() -> None:
-    from headrace.spark.kafka_lanes import encode_ledger
+def test_the_ledger_round_trips_with_its_store_and_reads_one_from_before_it_named_it() -> None:
+    import base64
+    import zlib
+
+    from headrace.spark.kafka_lanes import encode_ledger, ledger_store
 
     positions = {f"Stage/{i}": i * 7 for i in range(64)}
-    assert decode_ledger(encode_ledger(positions)) == positions and decode_ledger(None) == {}
+    assert decode_ledger(encode_ledger(positions, "s1")) == positions and decode_ledger(None) == {}
+    assert ledger_store(encode_ledger(positions, "s1")) == "s1" and ledger_store(None) is None
+    older = base64.b64encode(zlib.compress(json.dumps(positions).encode())).decode()
+    assert decode_ledger(older) == positions and ledger_store(older) is None
+
+
+def test_a_ledger_of_another_store_is_refused_before_anything_is_fenced(kafka_broker: Any, tmp_path: Path) -> None:
+    """Two stores running a topology of the same name into one cluster share the sink's
+    transactional ids: the second fenced the first, and read its ledger as its own positions (and
+    skipped as many of its own batches). Now it refuses, and the first writes on."""
+    topic = kafka_broker.create_topic()
+    staging, production = f"sqlite:///{tmp_path}/staging.db", f"sqlite:///{tmp_path}/production.db"
+    ids = publish(production, STREAM, range(1, 3), per_batch=5)
+    first = writer(production, topic, kafka_broker).open()
+    drain(first)
+    second = writer(staging, topic, kafka_broker)
+    with pytest.raises(HeadraceError, match=r"^The transactional id 'headrace:sinktest:out' of Kafka sink 'out' was "
+                                            r"last committed by another store's topology of the same name \(got a "
+                                            rf"ledger of store {first.store_id}; this store is {second.store_id}\)\. "
+                                            r"Hint: give this topology another name \(the ids are made of the "
+                                            r"topology's and the sink's\); or, if this store replaced the one that "
+                                            r"wrote the topic, delete the consumer groups 'headrace:sinktest:out', "
+                                            r"'headrace:sinktest:out#1' \(kafka-consumer-groups --delete --group ID\) "
+                                            r"to start the ledger over; nothing was fenced or written$"):
+        second.open()
+    second.close()
+    ids += publish(production, STREAM, range(3, 4), per_batch=5)
+    assert first.write_once() == 5  # not fenced
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
+    first.close()
 
 
 def start_writer(store_url: str, topic: str, broker: Any, lease_ms: int, failpoint: str) -> subprocess.Popen[str]:

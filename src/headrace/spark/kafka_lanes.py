@@ -19,7 +19,7 @@ from ..errors import HeadraceError
 from ..kafka_target import KafkaTarget
 
 __all__ = ["KafkaCommitError", "Lane", "TIMEOUT_S", "METADATA_LIMIT", "abort", "transient", "loading",
-           "encode_ledger", "decode_ledger"]
+           "encode_ledger", "decode_ledger", "ledger_store"]
 
 TIMEOUT_S = 30.0  # a transactional call's, and a look's
 # errors of a broker away or busy (else a fence, which the sink weighs against its lease, or a refusal:
@@ -59,12 +59,27 @@ def loading(cause: BaseException | None) -> bool:
 METADATA_LIMIT = 4096  # the broker's offset.metadata.max.bytes, by default
 
 
-def encode_ledger(positions: dict[str, int]) -> str:
-    return base64.b64encode(zlib.compress(json.dumps(positions, sort_keys=True).encode())).decode()
+def encode_ledger(positions: dict[str, int], store: str) -> str:
+    """The ledger: per producer the last batch written, and the store (its ``instance_id``) whose
+    batches those are."""
+    return base64.b64encode(zlib.compress(json.dumps({"positions": positions, "store": store},
+                                                     sort_keys=True).encode())).decode()
+
+
+def _ledger(text: str | None) -> tuple[dict[str, int], str | None]:
+    found = json.loads(zlib.decompress(base64.b64decode(text))) if text else {}
+    if not isinstance(found.get("positions"), dict):  # none, or written before ledgers named their store
+        return {str(p): int(b) for p, b in found.items()}, None
+    return {str(p): int(b) for p, b in found["positions"].items()}, str(found["store"])
 
 
 def decode_ledger(text: str | None) -> dict[str, int]:
-    return {str(p): int(b) for p, b in json.loads(zlib.decompress(base64.b64decode(text))).items()} if text else {}
+    return _ledger(text)[0]
+
+
+def ledger_store(text: str | None) -> str | None:
+    """The store a ledger's positions are of (None: no ledger, or one from before it was named)."""
+    return _ledger(text)[1]
 
 
 class Lane:
@@ -112,6 +127,18 @@ class Lane:
         self.within(self.producer.init_transactions, TIMEOUT_S)
         self.group = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
                                "isolation.level": "read_committed", "enable.auto.commit": False})
+
+    def ledger_store(self, target: KafkaTarget) -> str | None:
+        """The store whose batches this lane's last committed ledger counts, read before the lane
+        fences anything, and without waiting for a transaction left open (``read_uncommitted``)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        probe = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
+                          "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+        try:
+            return ledger_store(self.within(probe.committed, [TopicPartition(target.topic, 0)], TIMEOUT_S)[0].metadata)
+        finally:  # after the read, on the lane's thread, not waited for (a closed consumer is freed anywhere)
+            self._thread().put((Future(), probe.close, ()))
 
     def ledger(self, topic: str) -> tuple[dict[str, int], int]:
         """This lane's last committed ledger and its offset (0 if it committed none)."""

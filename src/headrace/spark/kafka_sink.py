@@ -8,7 +8,9 @@ Kafka transaction of a transactional producer whose ``transactional.id`` belongs
 *ledger*, ``{producer: last batch written}``, committed as the offset metadata of a consumer group
 of the same name through ``send_offsets_to_transaction``. Records and ledger commit or abort
 together, so a writer that crashes anywhere, even after Kafka committed and before anything else
-was recorded, resumes from exactly what Kafka holds: no batch is written twice or skipped.
+was recorded, resumes from exactly what Kafka holds: no batch is written twice or skipped. The
+ledger names the store whose batches it counts; a sink refuses, before fencing anything, a ledger
+of another store (a same-named topology on another store, or a store re-created).
 
 Two such producers (*lanes*) take turns, one transaction each: Kafka's coordinator refuses a
 transactional id's next transaction until the markers of its last are written, and the other
@@ -77,6 +79,7 @@ class KafkaSinkWriter:
         self.lease_key = meta.sink_lease(topology, spec.name)
         self.owner = owner or uuid.uuid4().hex[:12]
         self.store = open_store(store_url)
+        self.store_id = self.store.instance_id()  # named in the ledger: whose batches its positions count
         self.positions: dict[str, int] = {}
         self.sequence = 0  # transactions committed under the ledger so far (its offset)
         self.lease_until = 0
@@ -142,6 +145,7 @@ class KafkaSinkWriter:
             lane.connect(self.target)
         try:
             self._check_topic(self.lanes[0].producer)  # before anything is fenced
+            self._check_ledgers()
             for lane in self.lanes:
                 try:
                     lane.fence(self.target)
@@ -173,6 +177,22 @@ class KafkaSinkWriter:
                               got=getattr(found, "error", None), hint="create the topic first (headrace does not "
                                                                       "create output topics)")
 
+    def _check_ledgers(self) -> None:
+        """Refuse, before fencing anything, ledgers another store's sink committed: the transactional
+        ids are made of the topology's and the sink's names, and the ledger counts that store's
+        batches, not this one's (this store would skip as many of its own)."""
+        for lane in self.lanes:
+            theirs = lane.ledger_store(self.target)
+            if theirs is not None and theirs != self.store_id:
+                raise HeadraceError(f"The transactional id {lane.txn_id!r} of Kafka sink {self.spec.name!r} was last "
+                                    f"committed by another store's topology of the same name",
+                                    got_text=f"a ledger of store {theirs}; this store is {self.store_id}",
+                                    hint="give this topology another name (the ids are made of the topology's and the "
+                                         "sink's); or, if this store replaced the one that wrote the topic, delete the "
+                                         f"consumer groups {', '.join(repr(l.txn_id) for l in self.lanes)} "
+                                         "(kafka-consumer-groups --delete --group ID) to start the ledger over; "
+                                         "nothing was fenced or written")
+
     def ledger(self) -> tuple[dict[str, int], int]:
         """The last committed ledger: per producer the last batch written, and the transactions so far."""
         return max((lane.ledger(self.target.topic) for lane in self.lanes), key=lambda found: found[1])
@@ -195,7 +215,7 @@ class KafkaSinkWriter:
         if not todo:
             return 0
         positions = {**self.positions, **{p: upto for p, (_, upto) in todo.items()}}
-        ledger = encode_ledger(positions)
+        ledger = encode_ledger(positions, self.store_id)
         if len(ledger) > METADATA_LIMIT:
             raise HeadraceError(f"The ledger of Kafka sink {self.spec.name!r} outgrew the broker's offset metadata",
                                 got=f"{len(ledger)} bytes for {len(positions)} producers",
