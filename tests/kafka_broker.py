@@ -37,10 +37,13 @@ _PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:{cport}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sport},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sport}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule \
+  required username="{user}" password="{password}" user_{user}="{password}";
 inter.broker.listener.name=PLAINTEXT
 log.dirs={logs}
 num.partitions=1
@@ -58,11 +61,16 @@ transaction.remove.expired.transaction.cleanup.interval.ms=5000
 """
 
 
+SASL_USER, SASL_PASSWORD = "headrace", "headrace-secret"
+
+
 class KafkaBroker:
-    """One broker; ``bootstrap_servers`` once started."""
+    """One broker; ``bootstrap_servers`` once started, and ``sasl_servers``, a listener that asks
+    clients for SASL PLAIN (``sasl_config()``; None for a broker this process did not start)."""
 
     def __init__(self, bootstrap_servers: str | None = None):
         self.bootstrap_servers = bootstrap_servers
+        self.sasl_servers: str | None = None
         self.folder: str | None = None
         self.jars: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -74,16 +82,44 @@ class KafkaBroker:
             raise RuntimeError("Java was not found; the Kafka broker needs Java 17+: apt-get install -y openjdk-17-jre-headless")
         self.jars = jars = kafka_jars()
         self.folder = tempfile.mkdtemp(prefix="headrace-kafka-")
-        port, cport = _free_port(), _free_port()
+        port, sport, cport = _free_port(), _free_port(), _free_port()
         config = Path(self.folder) / "server.properties"
-        config.write_text(_PROPERTIES.format(port=port, cport=cport, logs=f"{self.folder}/logs"))
+        config.write_text(_PROPERTIES.format(port=port, sport=sport, cport=cport, logs=f"{self.folder}/logs",
+                                             user=SASL_USER, password=SASL_PASSWORD))
         classpath = f"{jars}/*"
         subprocess.run(["java", "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
                         "-t", _cluster_id(), "-c", str(config)], check=True, capture_output=True)
         self._launch()
-        self.bootstrap_servers = f"127.0.0.1:{port}"
+        self.bootstrap_servers, self.sasl_servers = f"127.0.0.1:{port}", f"127.0.0.1:{sport}"
         self._wait(timeout)
+        self._offsets_ready(timeout)
         return self
+
+    def _offsets_ready(self, timeout: float) -> None:
+        """Have the broker create its consumer offsets' topic, which it does at the first group's
+        first question, answering NOT_COORDINATOR meanwhile (as a cluster in use never does; the
+        sink's start waiting for that is tested on its own)."""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+        deadline = time.monotonic() + timeout
+        consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "headrace-test-warmup"})
+        try:
+            while True:
+                try:
+                    consumer.committed([TopicPartition("headrace-test-warmup", 0)], timeout=10)
+                    return
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)  # polling the broker for a state
+        finally:
+            consumer.close()
+
+    @staticmethod
+    def sasl_config() -> dict[str, str]:
+        """What a client of ``sasl_servers`` sets."""
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": SASL_USER,
+                "sasl.password": SASL_PASSWORD}
 
     def _launch(self) -> None:
         assert self.folder is not None

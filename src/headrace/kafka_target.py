@@ -57,7 +57,7 @@ def kafka_target(stream: str, options: Mapping[str, Any]) -> KafkaTarget:
                           hint=f"use one of {list(SERIALIZERS)} or a function of the value returning bytes")
     config = options.get("config") or {}
     if not isinstance(config, Mapping):
-        raise OptionError(f"{where}: config must be a dict of librdkafka producer settings", got=config,
+        raise OptionError(f"{where}: config must be a dict of librdkafka settings", got=config,
                           hint="config={'compression.type': 'lz4'}")
     owned = sorted(set(config) & set(OWNED))
     if owned:

@@ -393,3 +393,22 @@ def test_a_broker_away_is_transient_and_a_refusal_or_a_fence_is_not() -> None:
                  KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.PRODUCER_FENCED):
         assert not transient(KafkaError(code)), code
     assert not transient(KafkaError(KafkaError._TIMED_OUT, fatal=True))
+
+
+def test_a_sink_on_a_listener_that_asks_for_sasl_reads_its_ledgers_with_its_config(kafka_broker: Any,
+                                                                                  tmp_path: Path) -> None:
+    """The sink's ``config=`` (here SASL PLAIN's) reaches the consumers its ledgers are read
+    through, not only its producers: they connected without it, and a sink on a cluster that asks
+    for SASL (or TLS) never started."""
+    from headrace.sinkspec import parse_sink
+
+    if kafka_broker.sasl_servers is None:
+        pytest.skip("HEADRACE_TEST_KAFKA names a broker without the tests' SASL listener")
+    store_url, topic = f"sqlite:///{tmp_path}/store.db", kafka_broker.create_topic()
+    ids = publish(store_url, STREAM, range(1, 3), per_batch=5)
+    sink = parse_sink(STREAM, "out", {"kafka": topic, "bootstrap_servers": kafka_broker.sasl_servers,
+                                      "config": kafka_broker.sasl_config()})
+    w = KafkaSinkWriter(TOPOLOGY, sink, store_url).open()
+    drain(w)
+    w.close()
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None

@@ -125,16 +125,14 @@ class Lane:
         # bumps the id's epoch: the previous writer's open transaction is aborted and it is fenced. On its
         # lane's thread: after a broker restart it went on answering CONCURRENT_TRANSACTIONS past its timeout
         self.within(self.producer.init_transactions, TIMEOUT_S)
-        self.group = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
-                               "isolation.level": "read_committed", "enable.auto.commit": False})
+        self.group = Consumer(_group_config(target, self.txn_id, "read_committed"))
 
     def ledger_store(self, target: KafkaTarget) -> str | None:
         """The store whose batches this lane's last committed ledger counts, read before the lane
         fences anything, and without waiting for a transaction left open (``read_uncommitted``)."""
         from confluent_kafka import Consumer, TopicPartition
 
-        probe = Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": self.txn_id,
-                          "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+        probe = Consumer(_group_config(target, self.txn_id, "read_uncommitted"))
         try:
             return ledger_store(self.within(probe.committed, [TopicPartition(target.topic, 0)], TIMEOUT_S)[0].metadata)
         finally:  # after the read, on the lane's thread, not waited for (a closed consumer is freed anywhere)
@@ -181,6 +179,15 @@ def _close(handles: list[Any]) -> None:
             group.close()
     except Exception:  # noqa: BLE001 - a group that cannot leave is let go all the same; raised, its
         pass  # traceback would hold the producer in a cycle that the collector frees on any thread
+
+
+def _group_config(target: KafkaTarget, group: str, isolation: str) -> dict[str, Any]:
+    """A ledger consumer's settings: the sink's ``config`` too, for what reaches the brokers
+    (security, SASL, TLS; without it a sink on a cluster that asks for them never started), its
+    producer settings ignored by librdkafka without a warning each (``log_level`` 3, errors only,
+    unless ``config`` sets one)."""
+    return {"log_level": 3, **target.config, "bootstrap.servers": target.bootstrap_servers, "group.id": group,
+            "isolation.level": isolation, "enable.auto.commit": False}
 
 
 def abort(lane: Lane) -> None:
