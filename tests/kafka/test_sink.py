@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,7 +107,7 @@ def test_its_two_producers_take_turns_and_the_latest_ledger_is_its_position(kafk
         ids += publish(store_url, STREAM, range(b, b + 1), per_batch=12)
         assert w.write_once(refresh=True) == 12
     assert [lane.txn_id for lane in w.lanes] == [f"headrace:{TOPOLOGY}:out", f"headrace:{TOPOLOGY}:out#1"]
-    assert [lane.ledger(topic) for lane in w.lanes] == [({"inject:things": 5}, 5), ({"inject:things": 4}, 4)]
+    assert [lane.ledger(topic)[:2] for lane in w.lanes] == [({"inject:things": 5}, 5), ({"inject:things": 4}, 4)]
     messages = read_topic(kafka_broker.bootstrap_servers, topic)
     assert exactly_once(messages, ids) is None
     for partition in range(3):  # the lanes' transactions commit one after the other: batch order holds
@@ -261,6 +262,17 @@ def test_the_ledger_round_trips_with_its_store_and_reads_one_from_before_it_name
     assert decode_ledger(older) == positions and ledger_store(older) is None
 
 
+def refusal(ids: str, got: str, nothing: str = "fenced or written") -> str:
+    return re.escape(f"The ledger of Kafka sink 'out' in Kafka is another store's (got {got}). Hint: give this "
+                     f"topology another name (the sink's transactional ids {ids} are made of the topology's and the "
+                     f"sink's names); or, if this store replaced the one that wrote the topic, delete the consumer "
+                     f"groups {ids} (kafka-consumer-groups --delete --group ID) to start the ledger over; nothing was "
+                     f"{nothing}")
+
+
+IDS = "'headrace:sinktest:out', 'headrace:sinktest:out#1'"
+
+
 def test_a_ledger_of_another_store_is_refused_before_anything_is_fenced(kafka_broker: Any, tmp_path: Path) -> None:
     """Two stores running a topology of the same name into one cluster share the sink's
     transactional ids: the second fenced the first, and read its ledger as its own positions (and
@@ -268,23 +280,51 @@ def test_a_ledger_of_another_store_is_refused_before_anything_is_fenced(kafka_br
     topic = kafka_broker.create_topic()
     staging, production = f"sqlite:///{tmp_path}/staging.db", f"sqlite:///{tmp_path}/production.db"
     ids = publish(production, STREAM, range(1, 3), per_batch=5)
-    first = writer(production, topic, kafka_broker).open()
+    first = opened(writer(production, topic, kafka_broker))
     drain(first)
     second = writer(staging, topic, kafka_broker)
-    with pytest.raises(HeadraceError, match=r"^The transactional id 'headrace:sinktest:out' of Kafka sink 'out' was "
-                                            r"last committed by another store's topology of the same name \(got a "
-                                            rf"ledger of store {first.store_id}; this store is {second.store_id}\)\. "
-                                            r"Hint: give this topology another name \(the ids are made of the "
-                                            r"topology's and the sink's\); or, if this store replaced the one that "
-                                            r"wrote the topic, delete the consumer groups 'headrace:sinktest:out', "
-                                            r"'headrace:sinktest:out#1' \(kafka-consumer-groups --delete --group ID\) "
-                                            r"to start the ledger over; nothing was fenced or written$"):
+    with pytest.raises(HeadraceError, match="^" + refusal(IDS, f"a ledger of store {first.store_id}; this store is "
+                                                               f"{second.store_id}") + "$"):
         second.open()
+    assert all(lane.group is None for lane in second.lanes)  # a lane's group is made once it fenced
     second.close()
-    ids += publish(production, STREAM, range(3, 4), per_batch=5)
-    assert first.write_once() == 5  # not fenced
+    for b in (3, 4):  # on both lanes: neither was fenced
+        ids += publish(production, STREAM, range(b, b + 1), per_batch=5)
+        assert first.write_once() == 5
     assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
     first.close()
+
+
+def test_a_ledger_from_before_ledgers_named_their_store_is_this_stores_if_it_journaled_its_batches(
+        kafka_broker: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    import base64
+    import zlib
+
+    from headrace.spark import kafka_sink
+
+    def older(positions: dict[str, int], store: str) -> str:  # the ledger as headrace wrote it before
+        return base64.b64encode(zlib.compress(json.dumps(positions).encode())).decode()
+
+    topic = kafka_broker.create_topic()
+    staging, production = f"sqlite:///{tmp_path}/staging.db", f"sqlite:///{tmp_path}/production.db"
+    ids = publish(production, STREAM, range(1, 4), per_batch=5)
+    publish(staging, STREAM, range(1, 2), per_batch=5)
+    with monkeypatch.context() as patched:
+        patched.setattr(kafka_sink, "encode_ledger", older)
+        first = opened(writer(production, topic, kafka_broker))
+        drain(first)
+        first.close()
+    with pytest.raises(HeadraceError, match="^" + refusal(IDS, "a ledger at batch 3 of 'inject:things', which this "
+                                                               "store journaled to batch 1") + "$"):
+        refused = writer(staging, topic, kafka_broker)
+        refused.open()
+    refused.close()
+    again = opened(writer(production, topic, kafka_broker))  # its own: it journaled those batches
+    assert again.positions == {"inject:things": 3}
+    ids += publish(production, STREAM, range(4, 5), per_batch=5)
+    drain(again)
+    again.close()
+    assert exactly_once(read_topic(kafka_broker.bootstrap_servers, topic), ids) is None
 
 
 def start_writer(store_url: str, topic: str, broker: Any, lease_ms: int, failpoint: str) -> subprocess.Popen[str]:

@@ -13,13 +13,13 @@ import weakref
 import zlib
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as CallTimedOut
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..errors import HeadraceError
 from ..kafka_target import KafkaTarget
 
 __all__ = ["KafkaCommitError", "Lane", "TIMEOUT_S", "METADATA_LIMIT", "abort", "transient", "loading",
-           "encode_ledger", "decode_ledger", "ledger_store"]
+           "encode_ledger", "decode_ledger", "ledger_store", "Ledger"]
 
 TIMEOUT_S = 30.0  # a transactional call's, and a look's
 # errors of a broker away or busy (else a fence, which the sink weighs against its lease, or a refusal:
@@ -57,6 +57,16 @@ def loading(cause: BaseException | None) -> bool:
 
 
 METADATA_LIMIT = 4096  # the broker's offset.metadata.max.bytes, by default
+
+
+class Ledger(NamedTuple):
+    """A lane's last committed ledger: per producer the last batch written, the transactions so
+    far (its offset), and the store whose batches those are (None: none, or from before ledgers
+    named it)."""
+
+    positions: dict[str, int]
+    offset: int
+    store: str | None
 
 
 def encode_ledger(positions: dict[str, int], store: str) -> str:
@@ -127,25 +137,31 @@ class Lane:
         self.within(self.producer.init_transactions, TIMEOUT_S)
         self.group = Consumer(_group_config(target, self.txn_id, "read_committed"))
 
-    def ledger_store(self, target: KafkaTarget) -> str | None:
-        """The store whose batches this lane's last committed ledger counts, read before the lane
-        fences anything, and without waiting for a transaction left open (``read_uncommitted``)."""
-        from confluent_kafka import Consumer, TopicPartition
+    def peek(self, target: KafkaTarget) -> Ledger:
+        """This lane's last committed ledger, read before the lane fences anything, and without
+        waiting for a transaction left open (``read_uncommitted``)."""
+        from confluent_kafka import Consumer
 
         probe = Consumer(_group_config(target, self.txn_id, "read_uncommitted"))
         try:
-            return ledger_store(self.within(probe.committed, [TopicPartition(target.topic, 0)], TIMEOUT_S)[0].metadata)
+            return self._read(probe, target.topic)
         finally:  # after the read, on the lane's thread, not waited for (a closed consumer is freed anywhere)
             self._thread().put((Future(), probe.close, ()))
 
-    def ledger(self, topic: str) -> tuple[dict[str, int], int]:
-        """This lane's last committed ledger and its offset (0 if it committed none)."""
-        from confluent_kafka import TopicPartition
+    def ledger(self, topic: str) -> Ledger:
+        """This lane's last committed ledger, once it fenced (offset 0 if it committed none)."""
+        return self._read(self.group, topic)
 
-        committed = self.within(self.group.committed, [TopicPartition(topic, 0)], TIMEOUT_S)[0]
+    def _read(self, consumer: Any, topic: str) -> Ledger:
+        from confluent_kafka import KafkaException, TopicPartition
+
+        committed = self.within(consumer.committed, [TopicPartition(topic, 0)], TIMEOUT_S)[0]
+        if committed.error is not None:  # never taken for "no ledger": the sink would write everything again
+            raise KafkaException(committed.error)
         if committed.offset < 0:
-            return {}, 0
-        return decode_ledger(committed.metadata), committed.offset
+            return Ledger({}, 0, None)
+        positions, store = _ledger(committed.metadata)
+        return Ledger(positions, committed.offset, store)
 
     def _thread(self) -> "queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]":
         if self._calls is None:
@@ -186,7 +202,8 @@ def _group_config(target: KafkaTarget, group: str, isolation: str) -> dict[str, 
     (security, SASL, TLS; without it a sink on a cluster that asks for them never started), its
     producer settings ignored by librdkafka without a warning each (``log_level`` 3, errors only,
     unless ``config`` sets one)."""
-    return {"log_level": 3, **target.config, "bootstrap.servers": target.bootstrap_servers, "group.id": group,
+    shared = {k: v for k, v in target.config.items() if k != "on_delivery"}  # confluent-kafka's, producers' only
+    return {"log_level": 3, **shared, "bootstrap.servers": target.bootstrap_servers, "group.id": group,
             "isolation.level": isolation, "enable.auto.commit": False}
 
 

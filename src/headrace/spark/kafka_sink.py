@@ -47,8 +47,8 @@ import sys
 import threading
 import time
 import uuid
-from contextlib import ExitStack
-from typing import Any
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator
 
 from ..errors import FencedWriterError, HeadraceError, OptionError, UserCodeError
 from ..kafka_target import KafkaTarget
@@ -57,8 +57,8 @@ from ..store import open_store
 from ..store.failpoints import failpoint_from_env
 from ..sinkspec import SinkSpec
 from .budget import FailureBudget
-from .kafka_lanes import (METADATA_LIMIT, TIMEOUT_S, KafkaCommitError, Lane, abort, decode_ledger, encode_ledger,
-                          loading, transient)
+from .kafka_lanes import (METADATA_LIMIT, TIMEOUT_S, KafkaCommitError, Lane, Ledger, abort, encode_ledger, loading,
+                          transient)
 
 __all__ = ["KafkaSinkWriter", "KafkaSink", "KafkaCommitError", "SINK_COMMIT"]
 
@@ -145,17 +145,15 @@ class KafkaSinkWriter:
             lane.connect(self.target)
         try:
             self._check_topic(self.lanes[0].producer)  # before anything is fenced
-            self._check_ledgers()
             for lane in self.lanes:
-                try:
+                with self._refused(lane, "read the ledger of"):
+                    self._check_ledger(lane.peek(self.target), fenced=False)
+            for lane in self.lanes:
+                with self._refused(lane, "start its transactional producer"):
                     lane.fence(self.target)
-                except KafkaException as exc:
-                    error = KafkaCommitError if transient(exc.args[0]) else HeadraceError
-                    raise error(f"Kafka sink {self.spec.name!r} could not start its transactional producer "
-                                f"{lane.txn_id!r}", got=exc.args[0].str(),
-                                hint="check the brokers, and that the sink may use this transactional.id and "
-                                     "consumer group (ACLs); nothing was written") from exc
-            self.positions, self.sequence = self.ledger()
+            found = self.ledger()
+            self._check_ledger(found, fenced=True)
+            self.positions, self.sequence = found.positions, found.offset
         except KafkaException as exc:  # the topic's metadata or a ledger not read in time
             if not transient(exc.args[0]):
                 raise
@@ -177,25 +175,41 @@ class KafkaSinkWriter:
                               got=getattr(found, "error", None), hint="create the topic first (headrace does not "
                                                                       "create output topics)")
 
-    def _check_ledgers(self) -> None:
-        """Refuse, before fencing anything, ledgers another store's sink committed: the transactional
-        ids are made of the topology's and the sink's names, and the ledger counts that store's
-        batches, not this one's (this store would skip as many of its own)."""
-        for lane in self.lanes:
-            theirs = lane.ledger_store(self.target)
-            if theirs is not None and theirs != self.store_id:
-                raise HeadraceError(f"The transactional id {lane.txn_id!r} of Kafka sink {self.spec.name!r} was last "
-                                    f"committed by another store's topology of the same name",
-                                    got_text=f"a ledger of store {theirs}; this store is {self.store_id}",
-                                    hint="give this topology another name (the ids are made of the topology's and the "
-                                         "sink's); or, if this store replaced the one that wrote the topic, delete the "
-                                         f"consumer groups {', '.join(repr(l.txn_id) for l in self.lanes)} "
-                                         "(kafka-consumer-groups --delete --group ID) to start the ledger over; "
-                                         "nothing was fenced or written")
+    @contextmanager
+    def _refused(self, lane: Lane, doing: str) -> Iterator[None]:
+        from confluent_kafka import KafkaException
 
-    def ledger(self) -> tuple[dict[str, int], int]:
-        """The last committed ledger: per producer the last batch written, and the transactions so far."""
-        return max((lane.ledger(self.target.topic) for lane in self.lanes), key=lambda found: found[1])
+        try:
+            yield
+        except KafkaException as exc:
+            error = KafkaCommitError if transient(exc.args[0]) else HeadraceError
+            raise error(f"Kafka sink {self.spec.name!r} could not {doing} {lane.txn_id!r}", got=exc.args[0].str(),
+                        hint="check the brokers, and that the sink may use this transactional.id and consumer group "
+                             "(ACLs); nothing was written") from exc
+
+    def _check_ledger(self, found: Ledger, fenced: bool) -> None:
+        """Refuse another store's ledger (a same-named topology's, or a re-created store's: the ids
+        are the names'), whose positions this store would take for its own, skipping as many batches;
+        before fencing anything, and after. One from before ledgers named their store must count no
+        batch this store never journaled."""
+        heads = self.store.latest_batches(sorted(found.positions))
+        beyond = sorted((p, b) for p, b in found.positions.items() if b > heads.get(p, 0))
+        if (found.store or self.store_id) == self.store_id and not beyond:
+            return
+        ids = ", ".join(repr(lane.txn_id) for lane in self.lanes)
+        got = (f"a ledger of store {found.store}; this store is {self.store_id}" if found.store not in (None, self.store_id)
+               else f"a ledger at batch {beyond[0][1]} of {beyond[0][0]!r}, which this store journaled to batch "
+                    f"{heads.get(beyond[0][0], 0)}")
+        raise HeadraceError(f"The ledger of Kafka sink {self.spec.name!r} in Kafka is another store's", got_text=got,
+                            hint=f"give this topology another name (the sink's transactional ids {ids} are made of "
+                                 "the topology's and the sink's names); or, if this store replaced the one that wrote "
+                                 f"the topic, delete the consumer groups {ids} (kafka-consumer-groups --delete "
+                                 "--group ID) to start the ledger over; nothing was "
+                                 + ("written" if fenced else "fenced or written"))
+
+    def ledger(self) -> Ledger:
+        """The last committed ledger (the lanes' with the most transactions)."""
+        return max((lane.ledger(self.target.topic) for lane in self.lanes), key=lambda found: found.offset)
 
     def _todo(self, refresh: bool) -> dict[str, tuple[int, int]]:
         if refresh or time.monotonic() - self._producers_at > 1.0:
