@@ -402,9 +402,9 @@ def test_a_stopped_run_ends_its_quiet_part_which_publishes_nothing_while_quiet(k
     produce(kafka_broker, topic, [(0, b'{"n": 1}', 1_000)])
     url, errors = f"sqlite:///{tmp_path}/store.db", []
     part = Counted(injectors.kafka(topic, kafka_broker.bootstrap_servers))
+    store = open_store(url)  # made first, as the driver makes it before its injectors start
     thread = InjectorThread("events", "inject:events", part, url, errors.append, None, EMPTY_PLAN)
     thread.start()
-    store = open_store(url)
     try:
         deadline = time.monotonic() + 30
         while thread.watermark < 1_000:  # polling for a state: the record read, and its watermark published

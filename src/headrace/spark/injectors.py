@@ -49,7 +49,11 @@ class InjectorThread(threading.Thread):
         self.stopping.set()
 
     def run(self) -> None:
-        store = open_store(self.url)
+        try:
+            store = open_store(self.url)
+        except BaseException as exc:  # a store it cannot reach fails the run, as anything after does
+            self.on_error(exc)
+            return
         try:
             last = store.latest_batch(self.producer)
             batch = last.batch if last else 0
