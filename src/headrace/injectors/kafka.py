@@ -189,8 +189,9 @@ class KafkaPart(Injector):
                     mark, ended = max(published, min(mark, current)), ended and now_ended
                 if ended:
                     mark = END_OF_TIME
+                # a quiet part yields too, now and then: the runner publishes nothing of it, but sees a stop
                 if records or dead or mark != published or read_at - yielded >= QUIET_YIELD_S:
-                    published, yielded = mark, read_at  # nothing new: the runner publishes nothing of it
+                    published, yielded = mark, read_at
                     yield InjectedBatch(records, mark, self._checkpoint(state, published), dead)
                 if ended:
                     return

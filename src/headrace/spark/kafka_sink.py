@@ -188,16 +188,16 @@ class KafkaSinkWriter:
                              "(ACLs); nothing was written") from exc
 
     def _check_ledger(self, found: Ledger, fenced: bool) -> None:
-        """Refuse another store's ledger (a same-named topology's, or a re-created store's: the ids
-        are the names'), whose positions this store would take for its own, skipping as many batches;
-        before fencing anything, and after. One from before ledgers named their store must count no
-        batch this store never journaled."""
+        """Refuse another store's ledger (a same-named topology's, or a re-created store's), whose
+        positions this store would take for its own, skipping as many batches; one from before
+        ledgers named their store must count no batch this store never journaled."""
         heads = self.store.latest_batches(sorted(found.positions))
         beyond = sorted((p, b) for p, b in found.positions.items() if b > heads.get(p, 0))
-        if (found.store or self.store_id) == self.store_id and not beyond:
+        theirs = found.store not in (None, self.store_id)
+        if not theirs and not beyond:
             return
         ids = ", ".join(repr(lane.txn_id) for lane in self.lanes)
-        got = (f"a ledger of store {found.store}; this store is {self.store_id}" if found.store not in (None, self.store_id)
+        got = (f"a ledger of store {found.store}; this store is {self.store_id}" if theirs
                else f"a ledger at batch {beyond[0][1]} of {beyond[0][0]!r}, which this store journaled to batch "
                     f"{heads.get(beyond[0][0], 0)}")
         raise HeadraceError(f"The ledger of Kafka sink {self.spec.name!r} in Kafka is another store's", got_text=got,
